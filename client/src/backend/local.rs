@@ -1,0 +1,696 @@
+//! `local`: the large-tier engine on a filesystem.
+//!
+//! # Layout
+//!
+//! ```text
+//! <root>/alkblobs.lock              instance lock (writable opens)
+//! <root>/staging/<random>.part      writes in progress, invisible to readers
+//! <root>/blobs/ab/cd/abcd…(64 hex)  committed blobs, read-only (0444), immutable
+//! ```
+//!
+//! # Publishing a blob
+//!
+//! Bytes go to a fresh staging file on the same filesystem, which its writer
+//! holds `flock`ed while writing. At commit the file is `fsync`ed, closed
+//! (the close's error is checked: on NFS it reports write-back failures),
+//! made read-only, then *hard-linked* to its sharded path and the staging
+//! name removed; finally the shard directory is `fsync`ed so the new name
+//! survives a power cut. A link never replaces an existing name, so a
+//! committed blob is never rewritten: a second writer of the same key gets
+//! `EEXIST`, discards its staging file and reports
+//! [`PutOutcome::Existed`]. (Filesystems without hard links fall back to a
+//! rename guarded by an existence check.) Readers only ever open sharded
+//! paths, so they see a whole blob or none.
+//!
+//! # Recovery
+//!
+//! A killed writer leaves a staging file and nothing visible. Another
+//! process may be writing into the same root right now (shared media), so a
+//! staging file is removed only when provably abandoned: nobody holds its
+//! lock **and** it has not been modified for [`LocalOptions::staging_grace`].
+//! A writer touches its file with every chunk, so a live writer is never
+//! reclaimed; a writer paused past the grace finds its staging file gone and
+//! its put fails with an error (nothing is lost: the caller retries).
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::TryStreamExt;
+
+use super::{
+    Backend, BlobReader, Durability, InstanceLock, KeyStream, OpenMode, PutOutcome, StagedWrite,
+    blocking,
+};
+use crate::{Error, Key, Result};
+use alkblobs_core::shard_path;
+
+/// Options for [`LocalBackend::open`].
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// `Durable` (default): files and directories are fsynced before a put
+    /// returns. `Relaxed`: no fsync (a power cut may lose, never tear, a
+    /// recent blob).
+    pub durability: Durability,
+    /// Write (with the instance lock) or read-only.
+    pub mode: OpenMode,
+    /// A staging file untouched for this long whose lock nobody holds is
+    /// abandoned and reclaimed (default 15 minutes).
+    pub staging_grace: Duration,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            durability: Durability::Durable,
+            mode: OpenMode::Write,
+            staging_grace: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// What went wrong inside the local engine, named for the failed action.
+#[derive(Debug, thiserror::Error)]
+enum LocalError {
+    #[error("unable to create directory {path}: {source} (check that the data directory exists and is writable)")]
+    UnableToCreateDir { path: PathBuf, source: io::Error },
+    #[error("unable to create staging file {path}: {source}")]
+    UnableToCreateStaging { path: PathBuf, source: io::Error },
+    #[error("unable to write staging file {path}: {source}")]
+    UnableToWriteStaging { path: PathBuf, source: io::Error },
+    #[error("unable to sync {path}: {source}")]
+    UnableToSync { path: PathBuf, source: io::Error },
+    #[error("unable to publish staged {from} as {to}: {source}")]
+    UnableToPublishStaged {
+        from: PathBuf,
+        to: PathBuf,
+        source: io::Error,
+    },
+    #[error("unable to read {path}: {source}")]
+    UnableToRead { path: PathBuf, source: io::Error },
+    #[error("unable to delete {path}: {source}")]
+    UnableToDelete { path: PathBuf, source: io::Error },
+    #[error("unable to list {path}: {source}")]
+    UnableToList { path: PathBuf, source: io::Error },
+}
+
+/// The local filesystem engine. Cloning shares the same root.
+#[derive(Clone)]
+pub struct LocalBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    root: PathBuf,
+    blobs: PathBuf,
+    staging: PathBuf,
+    display: String,
+    opts: LocalOptions,
+    _lock: Option<InstanceLock>,
+}
+
+impl Inner {
+    fn err(&self, e: LocalError) -> Error {
+        Error::engine(&self.display, e)
+    }
+
+    fn path_of(&self, key: &Key) -> PathBuf {
+        self.blobs.join(shard_path(key))
+    }
+
+    fn durable(&self) -> bool {
+        self.opts.durability == Durability::Durable
+    }
+
+    fn check_writable(&self, action: &'static str) -> Result<()> {
+        if self.opts.mode.writable() {
+            Ok(())
+        } else {
+            Err(Error::ReadOnly {
+                engine: self.display.clone(),
+                action,
+            })
+        }
+    }
+
+    /// Creates a locked staging file.
+    fn new_staging(&self) -> Result<(File, PathBuf)> {
+        let name = format!("{:016x}{:016x}.part", rand::random::<u64>(), rand::random::<u64>());
+        let path = self.staging.join(name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|source| {
+                self.err(LocalError::UnableToCreateStaging {
+                    path: path.clone(),
+                    source,
+                })
+            })?;
+        // Our lock tells a reclaimer this file is alive. A fresh file we just
+        // created cannot be locked by anyone else.
+        file.lock().map_err(|source| {
+            self.err(LocalError::UnableToCreateStaging {
+                path: path.clone(),
+                source,
+            })
+        })?;
+        Ok((file, path))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> Result<()> {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| {
+                self.err(LocalError::UnableToSync {
+                    path: dir.to_owned(),
+                    source,
+                })
+            })
+    }
+
+    /// Creates `dir` if missing; fsyncs its parent when it was created so the
+    /// new directory entry is durable too.
+    fn ensure_dir(&self, dir: &Path) -> Result<()> {
+        match fs::create_dir(dir) {
+            Ok(()) => {
+                if self.durable() {
+                    self.sync_dir(dir.parent().expect("shard dirs have parents"))?;
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(source) => Err(self.err(LocalError::UnableToCreateDir {
+                path: dir.to_owned(),
+                source,
+            })),
+        }
+    }
+
+    /// Syncs, closes and publishes a staging file under `key` (blocking).
+    fn commit_staged(&self, file: File, staging: &Path, key: &Key) -> Result<PutOutcome> {
+        let result = self.commit_inner(file, staging, key);
+        // Whatever happened, the staging name must not outlive the commit.
+        let _ = fs::remove_file(staging);
+        result
+    }
+
+    fn commit_inner(&self, file: File, staging: &Path, key: &Key) -> Result<PutOutcome> {
+        let sync_err = |source| {
+            self.err(LocalError::UnableToSync {
+                path: staging.to_owned(),
+                source,
+            })
+        };
+        if self.durable() {
+            file.sync_all().map_err(sync_err)?;
+        }
+        file.set_permissions(fs::Permissions::from_mode(0o444))
+            .map_err(sync_err)?;
+        close_checked(file).map_err(sync_err)?;
+
+        let target = self.path_of(key);
+        let leaf = target.parent().expect("sharded paths have parents");
+        self.ensure_dir(leaf.parent().expect("two shard levels"))?;
+        self.ensure_dir(leaf)?;
+        let publish_err = |source| {
+            self.err(LocalError::UnableToPublishStaged {
+                from: staging.to_owned(),
+                to: target.clone(),
+                source,
+            })
+        };
+        let outcome = match fs::hard_link(staging, &target) {
+            Ok(()) => PutOutcome::Created,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => PutOutcome::Existed,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EPERM | libc::EOPNOTSUPP | libc::EXDEV | libc::EMLINK)
+                ) =>
+            {
+                // No hard links here: rename, never over an existing blob.
+                if target.exists() {
+                    PutOutcome::Existed
+                } else {
+                    fs::rename(staging, &target).map_err(publish_err)?;
+                    PutOutcome::Created
+                }
+            }
+            Err(e) => return Err(publish_err(e)),
+        };
+        if outcome == PutOutcome::Created && self.durable() {
+            self.sync_dir(leaf)?;
+        }
+        Ok(outcome)
+    }
+
+    /// Removes staging files that are provably abandoned (blocking).
+    fn reclaim(&self) -> Result<u64> {
+        let entries = match fs::read_dir(&self.staging) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(source) => {
+                return Err(self.err(LocalError::UnableToList {
+                    path: self.staging.clone(),
+                    source,
+                }));
+            }
+        };
+        let now = SystemTime::now();
+        let mut reclaimed = 0;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(file) = OpenOptions::new().read(true).open(&path) else {
+                continue;
+            };
+            match file.try_lock() {
+                Ok(()) => {}
+                // A live writer holds it.
+                Err(TryLockError::WouldBlock) => continue,
+                Err(TryLockError::Error(_)) => continue,
+            }
+            let idle = file
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .unwrap_or(Duration::ZERO);
+            if idle >= self.opts.staging_grace && fs::remove_file(&path).is_ok() {
+                tracing::info!(path = %path.display(), ?idle, "reclaimed abandoned staging file");
+                reclaimed += 1;
+            }
+        }
+        Ok(reclaimed)
+    }
+}
+
+/// Closes `file`, reporting the error `close(2)` returns (which `Drop`
+/// would swallow).
+fn close_checked(file: File) -> io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let fd = file.into_raw_fd();
+    // SAFETY: `fd` came from `into_raw_fd`, so we own it and close it once.
+    let rc = unsafe { libc::close(fd) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn is_shard_name(name: &str) -> bool {
+    name.len() == 2 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Sorted shard directory names under `dir` (missing dir = none).
+fn shard_names(dir: &Path) -> io::Result<Vec<String>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut names = Vec::new();
+    for e in rd {
+        let e = e?;
+        if let Some(n) = e.file_name().to_str().filter(|n| is_shard_name(n)) {
+            names.push(n.to_owned());
+        }
+    }
+    names.sort_unstable();
+    Ok(names)
+}
+
+/// Sorted keys whose files sit in the leaf shard `dir` named `prefix`.
+fn leaf_keys(dir: &Path, prefix: &str) -> io::Result<Vec<Key>> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut keys = Vec::new();
+    for e in rd {
+        let e = e?;
+        let name = e.file_name();
+        match name.to_str().and_then(|n| Key::parse(n).ok()) {
+            // A file in the wrong shard is not where readers look: not listed.
+            Some(k) if k.to_hex().starts_with(prefix) => keys.push(k),
+            _ => tracing::warn!(file = %e.path().display(), "stray file in the blob tree, ignored"),
+        }
+    }
+    keys.sort_unstable();
+    Ok(keys)
+}
+
+impl LocalBackend {
+    /// Opens (creating if needed, unless read-only) a root directory.
+    ///
+    /// A writable open takes the instance lock `<root>/alkblobs.lock` and
+    /// reclaims abandoned staging files.
+    pub async fn open(root: impl AsRef<Path>, opts: LocalOptions) -> Result<LocalBackend> {
+        let root = root.as_ref().to_owned();
+        let display = format!("local({})", root.display());
+        blocking(&display.clone(), move || Self::open_blocking(root, display, opts)).await
+    }
+
+    fn open_blocking(root: PathBuf, display: String, opts: LocalOptions) -> Result<LocalBackend> {
+        let blobs = root.join("blobs");
+        let staging = root.join("staging");
+        let mut inner = Inner {
+            root: root.clone(),
+            blobs,
+            staging,
+            display,
+            opts,
+            _lock: None,
+        };
+        if inner.opts.mode.writable() {
+            for dir in [&inner.root, &inner.blobs, &inner.staging] {
+                fs::create_dir_all(dir).map_err(|source| {
+                    inner.err(LocalError::UnableToCreateDir {
+                        path: dir.clone(),
+                        source,
+                    })
+                })?;
+            }
+            inner._lock = Some(InstanceLock::acquire(
+                &inner.root.join("alkblobs.lock"),
+                inner.opts.mode.wait(),
+                &inner.display,
+            )?);
+            // Prove the staging area is writable now rather than at the
+            // first put.
+            let (probe, path) = inner.new_staging()?;
+            drop(probe);
+            let _ = fs::remove_file(path);
+            inner.reclaim()?;
+        }
+        Ok(LocalBackend {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    /// Where `key`'s file lives (whether or not it exists).
+    pub fn path_of(&self, key: &Key) -> PathBuf {
+        self.inner.path_of(key)
+    }
+}
+
+impl fmt::Debug for LocalBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalBackend")
+            .field("root", &self.inner.root)
+            .field("opts", &self.inner.opts)
+            .finish()
+    }
+}
+
+impl fmt::Display for LocalBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.display)
+    }
+}
+
+fn not_found_is_none<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[async_trait]
+impl Backend for LocalBackend {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    async fn has(&self, key: &Key) -> Result<bool> {
+        Ok(self.size(key).await?.is_some())
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+        let inner = self.inner.clone();
+        let path = inner.path_of(key);
+        blocking(&self.inner.display, move || {
+            not_found_is_none(fs::read(&path))
+                .map(|o| o.map(Bytes::from))
+                .map_err(|source| inner.err(LocalError::UnableToRead { path, source }))
+        })
+        .await
+    }
+
+    async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
+        self.inner.check_writable("put a blob")?;
+        let inner = self.inner.clone();
+        let key = *key;
+        blocking(&self.inner.display, move || {
+            // Dedup without writing a byte: committed blobs are immutable.
+            if inner.path_of(&key).exists() {
+                return Ok(PutOutcome::Existed);
+            }
+            let (mut file, staging) = inner.new_staging()?;
+            if let Err(source) = file.write_all(&value) {
+                let _ = fs::remove_file(&staging);
+                return Err(inner.err(LocalError::UnableToWriteStaging {
+                    path: staging,
+                    source,
+                }));
+            }
+            inner.commit_staged(file, &staging, &key)
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &Key) -> Result<Option<u64>> {
+        self.inner.check_writable("delete a blob")?;
+        let inner = self.inner.clone();
+        let path = inner.path_of(key);
+        blocking(&self.inner.display, move || {
+            let size = match not_found_is_none(fs::metadata(&path)) {
+                Ok(Some(m)) => m.len(),
+                Ok(None) => return Ok(None),
+                Err(source) => return Err(inner.err(LocalError::UnableToRead { path, source })),
+            };
+            match not_found_is_none(fs::remove_file(&path)) {
+                Ok(Some(())) => Ok(Some(size)),
+                Ok(None) => Ok(None),
+                Err(source) => Err(inner.err(LocalError::UnableToDelete { path, source })),
+            }
+        })
+        .await
+    }
+
+    fn list(&self) -> KeyStream<'_> {
+        let inner = self.inner.clone();
+        let list_err = {
+            let inner = inner.clone();
+            move |path: PathBuf| {
+                let inner = inner.clone();
+                move |source| inner.err(LocalError::UnableToList { path, source })
+            }
+        };
+        let display = inner.display.clone();
+        let blobs = inner.blobs.clone();
+        // Walk top shards, then their leaf shards, then each leaf's files,
+        // each level sorted: hex order is byte order, and a shard name is a
+        // prefix of its keys, so the concatenation is globally sorted. Only
+        // one directory listing is in memory at a time.
+        let e1 = list_err.clone();
+        let d1 = display.clone();
+        let tops = futures::stream::once(async move {
+            let b = blobs.clone();
+            blocking(&d1, move || shard_names(&b).map_err(e1(b.clone()))).await
+        })
+        .map_ok(|names| futures::stream::iter(names.into_iter().map(Ok::<_, Error>)))
+        .try_flatten();
+        let blobs = inner.blobs.clone();
+        let d2 = display.clone();
+        let e2 = list_err.clone();
+        let leaves = tops
+            .and_then(move |top| {
+                let dir = blobs.join(&top);
+                let d = d2.clone();
+                let e = e2.clone();
+                async move {
+                    let names = blocking(&d, {
+                        let dir = dir.clone();
+                        move || shard_names(&dir).map_err(e(dir.clone()))
+                    })
+                    .await?;
+                    Ok(futures::stream::iter(
+                        names
+                            .into_iter()
+                            .map(move |mid| Ok((dir.join(&mid), format!("{top}{mid}")))),
+                    ))
+                }
+            })
+            .try_flatten();
+        let keys = leaves
+            .and_then(move |(dir, prefix)| {
+                let d = display.clone();
+                let e = list_err.clone();
+                async move {
+                    blocking(&d, move || leaf_keys(&dir, &prefix).map_err(e(dir.clone()))).await
+                }
+            })
+            .map_ok(|keys| futures::stream::iter(keys.into_iter().map(Ok)))
+            .try_flatten();
+        Box::pin(keys)
+    }
+
+    async fn size(&self, key: &Key) -> Result<Option<u64>> {
+        let inner = self.inner.clone();
+        let path = inner.path_of(key);
+        blocking(&self.inner.display, move || {
+            not_found_is_none(fs::metadata(&path))
+                .map(|o| o.map(|m| m.len()))
+                .map_err(|source| inner.err(LocalError::UnableToRead { path, source }))
+        })
+        .await
+    }
+
+    async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let inner = self.inner.clone();
+        let path = inner.path_of(key);
+        let k = *key;
+        blocking(&self.inner.display, move || {
+            let read_err = |source| {
+                inner.err(LocalError::UnableToRead {
+                    path: path.clone(),
+                    source,
+                })
+            };
+            let Some(file) = not_found_is_none(File::open(&path)).map_err(read_err)? else {
+                return Ok(None);
+            };
+            let size = file.metadata().map_err(read_err)?.len();
+            if offset > size {
+                return Err(Error::InvalidRange {
+                    key: k,
+                    offset,
+                    size,
+                });
+            }
+            let n = len.min(size - offset) as usize;
+            let mut buf = vec![0u8; n];
+            file.read_exact_at(&mut buf, offset).map_err(read_err)?;
+            Ok(Some(Bytes::from(buf)))
+        })
+        .await
+    }
+
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let path = self.inner.path_of(key);
+        match tokio::fs::File::open(&path).await {
+            Ok(f) => Ok(Some(Box::pin(f))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(self.inner.err(LocalError::UnableToRead { path, source })),
+        }
+    }
+
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        self.inner.check_writable("put a blob")?;
+        let inner = self.inner.clone();
+        let (file, path) = blocking(&self.inner.display, move || inner.new_staging()).await?;
+        Ok(Box::new(LocalWrite {
+            inner: self.inner.clone(),
+            file: Some(file),
+            path,
+            written: 0,
+            done: false,
+        }))
+    }
+
+    async fn reclaim_abandoned(&self) -> Result<u64> {
+        if !self.inner.opts.mode.writable() {
+            return Ok(0);
+        }
+        let inner = self.inner.clone();
+        blocking(&self.inner.display, move || inner.reclaim()).await
+    }
+}
+
+/// A streaming write into a staging file.
+struct LocalWrite {
+    inner: Arc<Inner>,
+    file: Option<File>,
+    path: PathBuf,
+    written: u64,
+    done: bool,
+}
+
+impl LocalWrite {
+    fn lost(&self) -> Error {
+        self.inner.err(LocalError::UnableToWriteStaging {
+            path: self.path.clone(),
+            source: io::Error::other("an earlier write failed or was cancelled"),
+        })
+    }
+}
+
+#[async_trait]
+impl StagedWrite for LocalWrite {
+    async fn write(&mut self, chunk: Bytes) -> Result<()> {
+        let mut file = self.file.take().ok_or_else(|| self.lost())?;
+        let n = chunk.len() as u64;
+        let (file, r) = tokio::task::spawn_blocking(move || {
+            let r = file.write_all(&chunk);
+            (file, r)
+        })
+        .await
+        .map_err(|e| Error::engine(&self.inner.display, format!("blocking task failed: {e}")))?;
+        r.map_err(|source| {
+            self.inner.err(LocalError::UnableToWriteStaging {
+                path: self.path.clone(),
+                source,
+            })
+        })?;
+        self.file = Some(file);
+        self.written += n;
+        Ok(())
+    }
+
+    fn written(&self) -> u64 {
+        self.written
+    }
+
+    async fn commit(mut self: Box<Self>, key: &Key) -> Result<PutOutcome> {
+        let file = self.file.take().ok_or_else(|| self.lost())?;
+        self.done = true;
+        let inner = self.inner.clone();
+        let path = self.path.clone();
+        let key = *key;
+        blocking(&self.inner.display, move || inner.commit_staged(file, &path, &key)).await
+    }
+
+    async fn abort(mut self: Box<Self>) -> Result<()> {
+        self.file = None;
+        self.done = true;
+        let path = self.path.clone();
+        let _ = tokio::fs::remove_file(&path).await;
+        Ok(())
+    }
+}
+
+impl Drop for LocalWrite {
+    fn drop(&mut self) {
+        if !self.done {
+            // Abandoned mid-write (error or cancellation): nothing was
+            // published; remove the staging file now rather than at reclaim.
+            self.file = None;
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}

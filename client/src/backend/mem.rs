@@ -1,0 +1,140 @@
+//! `mem`: an in-memory engine, usable as either tier. Nothing survives the
+//! process; tests, caches and examples use it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Bound;
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::{Backend, KeyStream, PutOutcome};
+use crate::{Key, Result};
+
+/// How many keys one page of `list` copies out under the read lock.
+const LIST_PAGE: usize = 1024;
+
+/// The in-memory engine. Cloning shares the same map.
+#[derive(Clone, Default)]
+pub struct MemBackend {
+    map: Arc<RwLock<BTreeMap<Key, Bytes>>>,
+}
+
+impl MemBackend {
+    /// An empty engine.
+    pub fn new() -> MemBackend {
+        MemBackend::default()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<Key, Bytes>> {
+        // Every mutation is one map call, so a poisoned lock still guards a
+        // consistent map.
+        self.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<Key, Bytes>> {
+        self.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces a stored value behind the contract's back. Test support for
+    /// corruption detection; never used by the store.
+    #[doc(hidden)]
+    pub fn corrupt_for_test(&self, key: &Key, value: Bytes) {
+        self.write().insert(*key, value);
+    }
+}
+
+impl fmt::Debug for MemBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemBackend")
+            .field("entries", &self.read().len())
+            .finish()
+    }
+}
+
+impl fmt::Display for MemBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("mem")
+    }
+}
+
+#[async_trait]
+impl Backend for MemBackend {
+    fn name(&self) -> &str {
+        "mem"
+    }
+
+    async fn has(&self, key: &Key) -> Result<bool> {
+        Ok(self.read().contains_key(key))
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+        Ok(self.read().get(key).cloned())
+    }
+
+    async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
+        let mut map = self.write();
+        if map.contains_key(key) {
+            return Ok(PutOutcome::Existed);
+        }
+        map.insert(*key, value);
+        Ok(PutOutcome::Created)
+    }
+
+    async fn delete(&self, key: &Key) -> Result<Option<u64>> {
+        Ok(self.write().remove(key).map(|v| v.len() as u64))
+    }
+
+    fn list(&self) -> KeyStream<'_> {
+        // Page through the ordered map so the read lock is held only for one
+        // page at a time and a huge map is never copied whole.
+        let pages = futures::stream::unfold(Some(None::<Key>), move |cursor| async move {
+            let after = cursor?;
+            let page: Vec<Key> = {
+                let map = self.read();
+                let lower = match after {
+                    Some(k) => Bound::Excluded(k),
+                    None => Bound::Unbounded,
+                };
+                map.range((lower, Bound::Unbounded))
+                    .take(LIST_PAGE)
+                    .map(|(k, _)| *k)
+                    .collect()
+            };
+            if page.is_empty() {
+                return None;
+            }
+            let next = (page.len() == LIST_PAGE).then(|| page.last().copied());
+            Some((page, next))
+        });
+        Box::pin(futures::StreamExt::flat_map(pages, |page| {
+            futures::stream::iter(page.into_iter().map(Ok))
+        }))
+    }
+
+    async fn size(&self, key: &Key) -> Result<Option<u64>> {
+        Ok(self.read().get(key).map(|v| v.len() as u64))
+    }
+
+    async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
+        let mut map = self.write();
+        Ok(items
+            .iter()
+            .map(|(k, v)| {
+                if map.contains_key(k) {
+                    PutOutcome::Existed
+                } else {
+                    map.insert(*k, v.clone());
+                    PutOutcome::Created
+                }
+            })
+            .collect())
+    }
+
+    async fn usage(&self) -> Result<Option<(u64, u64)>> {
+        let map = self.read();
+        let bytes = map.values().map(|v| v.len() as u64).sum();
+        Ok(Some((map.len() as u64, bytes)))
+    }
+}

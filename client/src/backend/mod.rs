@@ -1,0 +1,345 @@
+//! The engine contract and the engines that ship with the crate.
+//!
+//! An engine stores opaque bytes under [`Key`]s. It knows nothing of tiers,
+//! thresholds, pins or garbage collection: the [`crate::Store`] facade adds
+//! those on top of any pair of engines. Third parties add engines by
+//! implementing [`Backend`]; the trait is object-safe and the store holds
+//! engines as `Arc<dyn Backend>`.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures::stream::BoxStream;
+use tokio::io::AsyncRead;
+
+use crate::{Key, Result};
+
+pub mod local;
+pub mod mem;
+pub mod sqlite;
+
+mod gc_tables;
+mod lockfile;
+pub(crate) use lockfile::{InstanceLock, Wait};
+pub use gc_tables::{GcTables, MemGcTables, StagedRow};
+
+/// A stream of keys, in ascending byte order, each at most once.
+pub type KeyStream<'a> = BoxStream<'a, Result<Key>>;
+
+/// A reader over one blob's bytes.
+pub type BlobReader = Pin<Box<dyn AsyncRead + Send>>;
+
+/// What a put found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PutOutcome {
+    /// The entry is new.
+    Created,
+    /// The key was already present; nothing was rewritten.
+    Existed,
+}
+
+/// How hard an engine works to make a returned write survive a power cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// A write that returned survives a power cut: SQLite `synchronous=FULL`,
+    /// files and their directories fsynced. The default.
+    #[default]
+    Durable,
+    /// Faster: a write that returned survives a process crash but may be lost
+    /// (never torn) on a power cut. SQLite `synchronous=NORMAL` in WAL mode,
+    /// no fsync of files or directories.
+    Relaxed,
+}
+
+/// How an embedded engine is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpenMode {
+    /// Read, write and sweep. Takes the engine's instance lock and fails at
+    /// once with [`crate::Error::InUse`] if another process holds it.
+    #[default]
+    Write,
+    /// Like [`OpenMode::Write`], but waits for the instance lock.
+    WriteWait,
+    /// Reads only: takes no lock; every write is refused with
+    /// [`crate::Error::ReadOnly`].
+    ReadOnly,
+}
+
+impl OpenMode {
+    /// Whether writes are allowed.
+    pub fn writable(self) -> bool {
+        !matches!(self, OpenMode::ReadOnly)
+    }
+
+    pub(crate) fn wait(self) -> Wait {
+        if self == OpenMode::WriteWait {
+            Wait::Yes
+        } else {
+            Wait::No
+        }
+    }
+}
+
+/// The engine contract.
+///
+/// # Contract
+///
+/// - **Keys are trusted.** An engine stores `value` under `key` as given; the
+///   store hashes content before calling it. Engines never re-hash.
+/// - **Atomic, immutable puts.** A reader sees either no entry or the whole
+///   value, never a prefix. Once committed an entry is never rewritten: a put
+///   of a present key returns [`PutOutcome::Existed`] and leaves the stored
+///   bytes alone.
+/// - **Missing keys are not errors.** Reads of a missing key return `None` /
+///   `false`; deleting a missing key returns `Ok(None)`.
+/// - **`list` streams** keys in ascending byte order, each at most once, in
+///   bounded memory (engines page or walk; a pool of ten million keys never
+///   becomes one `Vec`). Entries put or deleted while a listing runs may or
+///   may not appear.
+/// - **`size` is cheap**: an indexed column read, a `stat`, a companion row —
+///   never a value load.
+/// - **Errors name the engine**: every engine implements `Display` (e.g.
+///   `sqlite(/data/index.sqlite)`) and wraps its failures with
+///   [`crate::Error::engine`].
+/// - If the engine hosts the GC tables ([`Backend::gc_tables`] is `Some`),
+///   `put`, `put_many` and `delete_many` also clear the keys' staged rows in
+///   the same transaction, so that a re-put key gets a fresh delete window.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
+    /// The engine's kind, e.g. `"sqlite"`.
+    fn name(&self) -> &str;
+
+    /// Whether `key` is present.
+    ///
+    /// # Behavior
+    /// - A pure existence probe: no value is loaded.
+    /// - The answer may be stale the moment it returns; it is not a promise
+    ///   (see [`crate::Store::pin`]).
+    async fn has(&self, key: &Key) -> Result<bool>;
+
+    /// The whole value, or `None`.
+    ///
+    /// # Behavior
+    /// - Loads the value into memory; large engines offer
+    ///   [`Backend::open_read`] and [`Backend::get_range`] for big blobs.
+    async fn get(&self, key: &Key) -> Result<Option<Bytes>>;
+
+    /// Stores `value` under `key`.
+    ///
+    /// # Behavior
+    /// - Atomic: readers never observe a partial value.
+    /// - A present key is left untouched and reported as
+    ///   [`PutOutcome::Existed`].
+    /// - Durable on return when the engine was opened with
+    ///   [`Durability::Durable`].
+    async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome>;
+
+    /// Removes `key`, returning the freed length if it was present.
+    ///
+    /// # Behavior
+    /// - Deleting a missing key is `Ok(None)`, not an error.
+    /// - Only the garbage collector's executor deletes pool entries; it calls
+    ///   this under its arbitration.
+    async fn delete(&self, key: &Key) -> Result<Option<u64>>;
+
+    /// Every key, ascending, streamed (see the contract).
+    fn list(&self) -> KeyStream<'_>;
+
+    /// The entry's length in bytes, or `None`.
+    ///
+    /// # Behavior
+    /// - Never loads the value: an indexed column, a `stat`, a companion row.
+    async fn size(&self, key: &Key) -> Result<Option<u64>>;
+
+    /// Up to `len` bytes starting at `offset`, or `None` if the key is absent.
+    ///
+    /// # Behavior
+    /// - The range is clamped to the blob: a read at `offset == size` is
+    ///   empty.
+    /// - `offset > size` is [`crate::Error::InvalidRange`].
+    /// - The default loads the whole value and slices it; large engines read
+    ///   only the window.
+    async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let Some(value) = self.get(key).await? else {
+            return Ok(None);
+        };
+        slice_range(key, &value, offset, len).map(Some)
+    }
+
+    /// A reader over the value, or `None`.
+    ///
+    /// # Behavior
+    /// - The default wraps [`Backend::get`]; large engines stream from
+    ///   storage in bounded memory.
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        Ok(self
+            .get(key)
+            .await?
+            .map(|b| Box::pin(std::io::Cursor::new(b)) as BlobReader))
+    }
+
+    /// Starts a streaming write whose key is known only at the end.
+    ///
+    /// # Behavior
+    /// - Bytes go to a staging area invisible to readers; [`StagedWrite::commit`]
+    ///   publishes them atomically under a key; dropping or aborting the
+    ///   write discards them.
+    /// - The default buffers in memory and calls [`Backend::put`] at commit:
+    ///   fine for kv engines, which only ever receive blobs under the
+    ///   threshold. Large engines override it to stream to storage.
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        Ok(Box::new(BufferedWrite {
+            backend: self,
+            buf: BytesMut::new(),
+        }))
+    }
+
+    /// Stores many small values; kv engines do it in one transaction.
+    ///
+    /// # Behavior
+    /// - All or nothing on engines with transactions; the default loops over
+    ///   [`Backend::put`].
+    async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
+        let mut out = Vec::with_capacity(items.len());
+        for (k, v) in items {
+            out.push(self.put(k, v.clone()).await?);
+        }
+        Ok(out)
+    }
+
+    /// Deletes many keys; kv engines do it in one transaction.
+    ///
+    /// # Behavior
+    /// - Returns each key's freed length (`None` if it was absent).
+    async fn delete_many(&self, keys: &[Key]) -> Result<Vec<Option<u64>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(self.delete(k).await?);
+        }
+        Ok(out)
+    }
+
+    /// Entry count and total bytes, if the engine can answer with an
+    /// aggregate cheaper than `list` + `size`. The default says it cannot.
+    async fn usage(&self) -> Result<Option<(u64, u64)>> {
+        Ok(None)
+    }
+
+    /// Removes abandoned partial writes (e.g. staging files of killed
+    /// processes), only when provably abandoned. Returns how many.
+    async fn reclaim_abandoned(&self) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// The durable GC tables (staged candidates, roots) this engine hosts in
+    /// its own database, if any. SQL engines host them; `mem`/`local` do not
+    /// and the store keeps its GC state in process.
+    fn gc_tables(&self) -> Option<Arc<dyn GcTables>> {
+        None
+    }
+}
+
+/// A write in progress; see [`Backend::begin_write`].
+#[async_trait]
+pub trait StagedWrite: Send {
+    /// Appends a chunk.
+    async fn write(&mut self, chunk: Bytes) -> Result<()>;
+
+    /// Bytes written so far.
+    fn written(&self) -> u64;
+
+    /// Publishes the staged bytes under `key` (the caller guarantees `key` is
+    /// their BLAKE3 hash). If `key` is already present the staged bytes are
+    /// discarded and the entry is left untouched.
+    async fn commit(self: Box<Self>, key: &Key) -> Result<PutOutcome>;
+
+    /// Discards the staged bytes. Dropping the write does the same, best
+    /// effort.
+    async fn abort(self: Box<Self>) -> Result<()>;
+}
+
+struct BufferedWrite<'a, B: Backend + ?Sized> {
+    backend: &'a B,
+    buf: BytesMut,
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> StagedWrite for BufferedWrite<'_, B> {
+    async fn write(&mut self, chunk: Bytes) -> Result<()> {
+        self.buf.extend_from_slice(&chunk);
+        Ok(())
+    }
+    fn written(&self) -> u64 {
+        self.buf.len() as u64
+    }
+    async fn commit(self: Box<Self>, key: &Key) -> Result<PutOutcome> {
+        self.backend.put(key, self.buf.freeze()).await
+    }
+    async fn abort(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Conveniences over any [`Backend`]; engines never implement this.
+#[async_trait]
+pub trait BackendExt: Backend {
+    /// Collects `list` into a vector. For tests and small pools only.
+    async fn list_all(&self) -> Result<Vec<Key>> {
+        use futures::TryStreamExt;
+        self.list().try_collect().await
+    }
+
+    /// Entry count and bytes: the engine's aggregate if it has one, else
+    /// `list` + `size` (never a value load).
+    async fn count_and_bytes(&self) -> Result<(u64, u64)> {
+        use futures::TryStreamExt;
+        if let Some(u) = self.usage().await? {
+            return Ok(u);
+        }
+        let mut keys = self.list();
+        let (mut n, mut bytes) = (0u64, 0u64);
+        while let Some(k) = keys.try_next().await? {
+            if let Some(s) = self.size(&k).await? {
+                n += 1;
+                bytes += s;
+            }
+        }
+        Ok((n, bytes))
+    }
+}
+
+impl<T: Backend + ?Sized> BackendExt for T {}
+
+/// The `[offset, offset+len)` window of `value`, clamped to its end.
+pub(crate) fn slice_range(key: &Key, value: &Bytes, offset: u64, len: u64) -> Result<Bytes> {
+    let size = value.len() as u64;
+    if offset > size {
+        return Err(crate::Error::InvalidRange {
+            key: *key,
+            offset,
+            size,
+        });
+    }
+    let end = offset.saturating_add(len).min(size);
+    Ok(value.slice(offset as usize..end as usize))
+}
+
+/// Runs blocking engine work off the async workers, turning a panic or a
+/// cancelled task into an engine error rather than a crash.
+pub(crate) async fn blocking<T, F>(engine: &str, f: F) -> Result<T>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => Err(crate::Error::engine(
+            engine,
+            format!("blocking task failed: {e}"),
+        )),
+    }
+}

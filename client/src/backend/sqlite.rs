@@ -1,0 +1,719 @@
+//! `sqlite`: the embedded kv engine (rusqlite, WAL).
+//!
+//! # Schema
+//!
+//! ```sql
+//! entries (key BLOB PRIMARY KEY, size INTEGER, vid INTEGER) WITHOUT ROWID
+//! vals    (vid INTEGER PRIMARY KEY, value BLOB)
+//! staged  (key BLOB PRIMARY KEY, staged_at INTEGER, visible_after INTEGER) WITHOUT ROWID
+//! roots   (key BLOB PRIMARY KEY) WITHOUT ROWID
+//! ```
+//!
+//! Entries and values are split so that every probe the contract calls cheap
+//! (`has`, `size`, `list`, usage) reads only the small `entries` b-tree —
+//! about 50 bytes a row — and never a page of value bytes. `WITHOUT ROWID`
+//! suits `entries` because its rows are tiny; values stay in a rowid table
+//! (SQLite's guidance: keep `WITHOUT ROWID` rows under ~1/20 of a page).
+//! The same database hosts the GC tables ([`GcTables`]), so a put clears its
+//! key's staged row in the entry's own transaction.
+//!
+//! # Concurrency
+//!
+//! One writer connection behind a mutex and a pool of read-only connections;
+//! WAL lets readers run beside the writer. Every call runs on tokio's
+//! blocking pool, never on an async worker. A writable open takes the
+//! instance lock `<db>.lock` (see [`OpenMode`]).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+
+use super::{
+    Backend, Durability, GcTables, InstanceLock, KeyStream, OpenMode, PutOutcome, StagedRow,
+    blocking,
+};
+use crate::{Error, Key, Result};
+
+/// Keys fetched per `list` page.
+const LIST_PAGE: i64 = 4096;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS entries (
+    key   BLOB PRIMARY KEY CHECK (length(key) = 32),
+    size  INTEGER NOT NULL,
+    vid   INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS vals (
+    vid   INTEGER PRIMARY KEY,
+    value BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS staged (
+    key           BLOB PRIMARY KEY,
+    staged_at     INTEGER NOT NULL,
+    visible_after INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS staged_visible_after ON staged (visible_after);
+CREATE TABLE IF NOT EXISTS roots (
+    key BLOB PRIMARY KEY
+) WITHOUT ROWID;
+PRAGMA user_version = 1;
+";
+
+/// Options for [`SqliteBackend::open`].
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// `Durable` (default): `synchronous=FULL`. `Relaxed`: `NORMAL`.
+    pub durability: Durability,
+    /// Write (with the instance lock) or read-only.
+    pub mode: OpenMode,
+    /// How long a statement waits for another connection's lock before
+    /// failing (default 5 s).
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            durability: Durability::Durable,
+            mode: OpenMode::Write,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What went wrong inside the sqlite engine, named for the failed action.
+#[derive(Debug, thiserror::Error)]
+enum SqliteError {
+    #[error("unable to open the database at {path}: {source}")]
+    UnableToOpen {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error(
+        "unable to {action}: the database is locked by another connection or process and stayed locked for {waited:?}; close the other user of the file (or raise the busy timeout) and retry"
+    )]
+    Locked {
+        action: &'static str,
+        waited: Duration,
+        source: rusqlite::Error,
+    },
+    #[error("unable to {action}: {source}")]
+    Statement {
+        action: &'static str,
+        source: rusqlite::Error,
+    },
+    #[error("no alkblobs database at {0} (schema missing); open it for writing once to create it")]
+    NoSchema(PathBuf),
+}
+
+/// The sqlite kv engine. Cloning shares the connections.
+#[derive(Clone)]
+pub struct SqliteBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    display: String,
+    opts: SqliteOptions,
+    writer: Option<Mutex<Connection>>,
+    readers: Mutex<Vec<Connection>>,
+    _lock: Option<InstanceLock>,
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+fn key_param(k: &Key) -> &[u8] {
+    k.as_bytes()
+}
+
+fn after_param(after: Option<Key>) -> Vec<u8> {
+    // The empty blob sorts before every 32-byte key.
+    after.map(|k| k.as_bytes().to_vec()).unwrap_or_default()
+}
+
+fn key_from_row(bytes: Vec<u8>) -> rusqlite::Result<Key> {
+    Key::from_slice(&bytes).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, Box::new(e))
+    })
+}
+
+impl Inner {
+    fn fail(&self, action: &'static str, e: rusqlite::Error) -> Error {
+        let err = if is_busy(&e) {
+            SqliteError::Locked {
+                action,
+                waited: self.opts.busy_timeout,
+                source: e,
+            }
+        } else {
+            SqliteError::Statement { action, source: e }
+        };
+        Error::engine(&self.display, err)
+    }
+
+    fn open_reader(&self) -> rusqlite::Result<Connection> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(self.opts.busy_timeout)?;
+        Ok(conn)
+    }
+
+    fn take_reader(&self) -> rusqlite::Result<Connection> {
+        let pooled = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match pooled {
+            Some(c) => Ok(c),
+            None => self.open_reader(),
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < 16 {
+            pool.push(conn);
+        }
+    }
+}
+
+impl SqliteBackend {
+    /// Opens (creating if needed, unless read-only) the database at `path`.
+    ///
+    /// A writable open takes the instance lock `<path>.lock`; a second
+    /// writer process gets [`Error::InUse`] (or waits, with
+    /// [`OpenMode::WriteWait`]).
+    pub async fn open(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<SqliteBackend> {
+        let path = path.as_ref().to_owned();
+        let display = format!("sqlite({})", path.display());
+        let d = display.clone();
+        blocking(&d.clone(), move || Self::open_blocking(path, display, opts))
+            .await
+            .map_err(|e| match e {
+                Error::Engine { .. } | Error::InUse { .. } => e,
+                other => Error::engine(d, other.to_string()),
+            })
+    }
+
+    fn open_blocking(path: PathBuf, display: String, opts: SqliteOptions) -> Result<SqliteBackend> {
+        let unable = |source| {
+            Error::engine(
+                &display,
+                SqliteError::UnableToOpen {
+                    path: path.clone(),
+                    source,
+                },
+            )
+        };
+        let (writer, lock) = if opts.mode.writable() {
+            let lock_path = path.with_extension("lock");
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    Error::engine(
+                        &display,
+                        format!("unable to create directory {}: {e}", parent.display()),
+                    )
+                })?;
+            }
+            let lock = InstanceLock::acquire(&lock_path, opts.mode.wait(), &display)?;
+            let conn = Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE
+                    | OpenFlags::SQLITE_OPEN_CREATE
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(unable)?;
+            conn.busy_timeout(opts.busy_timeout).map_err(unable)?;
+            let mode: String = conn
+                .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                .map_err(unable)?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(Error::engine(
+                    &display,
+                    format!("the database refused WAL mode (journal_mode is {mode})"),
+                ));
+            }
+            let sync = match opts.durability {
+                Durability::Durable => "FULL",
+                Durability::Relaxed => "NORMAL",
+            };
+            conn.pragma_update(None, "synchronous", sync)
+                .map_err(unable)?;
+            conn.execute_batch(SCHEMA).map_err(unable)?;
+            (Some(Mutex::new(conn)), Some(lock))
+        } else {
+            (None, None)
+        };
+        let inner = Inner {
+            path: path.clone(),
+            display: display.clone(),
+            opts,
+            writer,
+            readers: Mutex::new(Vec::new()),
+            _lock: lock,
+        };
+        // Prove a reader can open and the schema is there.
+        let reader = inner.open_reader().map_err(unable)?;
+        let version: i64 = reader
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(unable)?;
+        if version < 1 {
+            return Err(Error::engine(&display, SqliteError::NoSchema(path)));
+        }
+        inner.give_back(reader);
+        Ok(SqliteBackend {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn read<T, F>(&self, action: &'static str, f: F) -> Result<T>
+    where
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let inner = self.inner.clone();
+        blocking(&self.inner.display, move || {
+            let conn = inner.take_reader().map_err(|e| inner.fail(action, e))?;
+            let r = f(&conn);
+            inner.give_back(conn);
+            r.map_err(|e| inner.fail(action, e))
+        })
+        .await
+    }
+
+    async fn write<T, F>(&self, action: &'static str, f: F) -> Result<T>
+    where
+        F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        if self.inner.writer.is_none() {
+            return Err(Error::ReadOnly {
+                engine: self.inner.display.clone(),
+                action,
+            });
+        }
+        let inner = self.inner.clone();
+        blocking(&self.inner.display, move || {
+            let writer = inner.writer.as_ref().expect("checked above");
+            let mut conn = writer.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn).map_err(|e| inner.fail(action, e))
+        })
+        .await
+    }
+
+    /// Overwrites a stored value in place, behind the contract's back, to
+    /// simulate bit rot. Test support only.
+    #[doc(hidden)]
+    pub async fn corrupt_for_test(&self, key: &Key, value: Vec<u8>) -> Result<()> {
+        let k = *key;
+        self.write("corrupt a value for a test", move |c| {
+            c.execute(
+                "UPDATE vals SET value = ?2 WHERE vid = (SELECT vid FROM entries WHERE key = ?1)",
+                rusqlite::params![key_param(&k), value],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+}
+
+impl fmt::Debug for SqliteBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteBackend")
+            .field("path", &self.inner.path)
+            .field("opts", &self.inner.opts)
+            .finish()
+    }
+}
+
+impl fmt::Display for SqliteBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.display)
+    }
+}
+
+fn put_in_tx(tx: &rusqlite::Transaction<'_>, key: &Key, value: &[u8]) -> rusqlite::Result<PutOutcome> {
+    let k = key_param(key);
+    // Immutable once committed: a present key is never rewritten.
+    let exists = tx
+        .prepare_cached("SELECT 1 FROM entries WHERE key = ?1")?
+        .exists([k])?;
+    // A put restarts the key's delete window (see the GC design).
+    tx.prepare_cached("DELETE FROM staged WHERE key = ?1")?
+        .execute([k])?;
+    if exists {
+        return Ok(PutOutcome::Existed);
+    }
+    tx.prepare_cached("INSERT INTO vals (value) VALUES (?1)")?
+        .execute([value])?;
+    let vid = tx.last_insert_rowid();
+    tx.prepare_cached("INSERT INTO entries (key, size, vid) VALUES (?1, ?2, ?3)")?
+        .execute(rusqlite::params![k, value.len() as i64, vid])?;
+    Ok(PutOutcome::Created)
+}
+
+fn delete_in_tx(tx: &rusqlite::Transaction<'_>, key: &Key) -> rusqlite::Result<Option<u64>> {
+    let row: Option<(i64, i64)> = tx
+        .prepare_cached("DELETE FROM entries WHERE key = ?1 RETURNING size, vid")?
+        .query_row([key_param(key)], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((size, vid)) = row else {
+        return Ok(None);
+    };
+    tx.prepare_cached("DELETE FROM vals WHERE vid = ?1")?
+        .execute([vid])?;
+    Ok(Some(size as u64))
+}
+
+enum Range {
+    Missing,
+    PastEnd(u64),
+    Data(Vec<u8>),
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    fn name(&self) -> &str {
+        "sqlite"
+    }
+
+    async fn has(&self, key: &Key) -> Result<bool> {
+        let k = *key;
+        self.read("probe an entry", move |c| {
+            c.prepare_cached("SELECT 1 FROM entries WHERE key = ?1")?
+                .exists([key_param(&k)])
+        })
+        .await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+        let k = *key;
+        self.read("read a value", move |c| {
+            c.prepare_cached(
+                "SELECT v.value FROM entries e JOIN vals v ON v.vid = e.vid WHERE e.key = ?1",
+            )?
+            .query_row([key_param(&k)], |r| r.get::<_, Vec<u8>>(0))
+            .optional()
+        })
+        .await
+        .map(|o| o.map(Bytes::from))
+    }
+
+    async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
+        let k = *key;
+        self.write("insert an entry", move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = put_in_tx(&tx, &k, &value)?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &Key) -> Result<Option<u64>> {
+        let k = *key;
+        self.write("delete an entry", move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = delete_in_tx(&tx, &k)?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    fn list(&self) -> KeyStream<'_> {
+        let pages = futures::stream::unfold(Some(Vec::<u8>::new()), move |cursor| async move {
+            let after = cursor?;
+            let page = self
+                .read("list keys", move |c| {
+                    let mut stmt = c.prepare_cached(
+                        "SELECT key FROM entries WHERE key > ?1 ORDER BY key LIMIT ?2",
+                    )?;
+                    let rows = stmt.query_map(rusqlite::params![after, LIST_PAGE], |r| {
+                        key_from_row(r.get(0)?)
+                    })?;
+                    rows.collect::<rusqlite::Result<Vec<Key>>>()
+                })
+                .await;
+            match page {
+                Err(e) => Some((vec![Err(e)], None)),
+                Ok(keys) if keys.is_empty() => None,
+                Ok(keys) => {
+                    let next = (keys.len() as i64 == LIST_PAGE)
+                        .then(|| keys.last().map(|k| k.as_bytes().to_vec()))
+                        .flatten();
+                    Some((keys.into_iter().map(Ok).collect(), next))
+                }
+            }
+        });
+        Box::pin(futures::StreamExt::flat_map(pages, futures::stream::iter))
+    }
+
+    async fn size(&self, key: &Key) -> Result<Option<u64>> {
+        let k = *key;
+        self.read("probe a size", move |c| {
+            c.prepare_cached("SELECT size FROM entries WHERE key = ?1")?
+                .query_row([key_param(&k)], |r| r.get::<_, i64>(0))
+                .optional()
+        })
+        .await
+        .map(|o| o.map(|s| s as u64))
+    }
+
+    async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let k = *key;
+        let range = self
+            .read("read a range", move |c| {
+                // One read transaction: the entry row and its value blob
+                // come from the same snapshot.
+                let tx = c.unchecked_transaction()?;
+                let row: Option<(i64, i64)> = tx
+                    .prepare_cached("SELECT size, vid FROM entries WHERE key = ?1")?
+                    .query_row([key_param(&k)], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                let Some((size, vid)) = row else {
+                    return Ok(Range::Missing);
+                };
+                let size = size as u64;
+                if offset > size {
+                    return Ok(Range::PastEnd(size));
+                }
+                let n = len.min(size - offset) as usize;
+                let mut buf = vec![0u8; n];
+                if n > 0 {
+                    let blob = tx.blob_open(rusqlite::MAIN_DB, "vals", "value", vid, true)?;
+                    blob.read_at_exact(&mut buf, offset as usize)?;
+                }
+                Ok(Range::Data(buf))
+            })
+            .await?;
+        match range {
+            Range::Missing => Ok(None),
+            Range::PastEnd(size) => Err(Error::InvalidRange {
+                key: *key,
+                offset,
+                size,
+            }),
+            Range::Data(d) => Ok(Some(Bytes::from(d))),
+        }
+    }
+
+    async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
+        let items = items.to_vec();
+        self.write("insert a batch", move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = items
+                .iter()
+                .map(|(k, v)| put_in_tx(&tx, k, v))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_many(&self, keys: &[Key]) -> Result<Vec<Option<u64>>> {
+        let keys = keys.to_vec();
+        self.write("delete a batch", move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = keys
+                .iter()
+                .map(|k| delete_in_tx(&tx, k))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn usage(&self) -> Result<Option<(u64, u64)>> {
+        self.read("count entries", |c| {
+            c.query_row(
+                "SELECT count(*), coalesce(sum(size), 0) FROM entries",
+                [],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+            )
+        })
+        .await
+        .map(Some)
+    }
+
+    fn gc_tables(&self) -> Option<Arc<dyn GcTables>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
+fn staged_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StagedRow> {
+    Ok(StagedRow {
+        key: key_from_row(r.get(0)?)?,
+        staged_at_ms: r.get(1)?,
+        visible_after_ms: r.get(2)?,
+    })
+}
+
+fn for_each_key<F>(c: &mut Connection, keys: Vec<Key>, sql: &'static str, mut f: F) -> rusqlite::Result<u64>
+where
+    F: FnMut(&mut rusqlite::CachedStatement<'_>, &Key) -> rusqlite::Result<usize>,
+{
+    let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut n = 0u64;
+    {
+        let mut stmt = tx.prepare_cached(sql)?;
+        for k in &keys {
+            n += f(&mut stmt, k)? as u64;
+        }
+    }
+    tx.commit()?;
+    Ok(n)
+}
+
+#[async_trait]
+impl GcTables for SqliteBackend {
+    fn durable(&self) -> bool {
+        true
+    }
+
+    async fn discard_unsealed(&self) -> Result<u64> {
+        self.write("discard unsealed staged rows", |c| {
+            c.execute("DELETE FROM staged WHERE visible_after IS NULL", [])
+                .map(|n| n as u64)
+        })
+        .await
+    }
+
+    async fn stage(&self, keys: &[Key], now_ms: i64) -> Result<u64> {
+        let keys = keys.to_vec();
+        self.write("stage candidates", move |c| {
+            for_each_key(
+                c,
+                keys,
+                "INSERT INTO staged (key, staged_at, visible_after) VALUES (?1, ?2, NULL) ON CONFLICT (key) DO NOTHING",
+                |s, k| s.execute(rusqlite::params![key_param(k), now_ms]),
+            )
+        })
+        .await
+    }
+
+    async fn seal(&self, visible_after_ms: i64) -> Result<u64> {
+        self.write("seal staged rows", move |c| {
+            c.execute(
+                "UPDATE staged SET visible_after = ?1 WHERE visible_after IS NULL",
+                [visible_after_ms],
+            )
+            .map(|n| n as u64)
+        })
+        .await
+    }
+
+    async fn due(&self, now_ms: i64, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
+        let after = after_param(after);
+        self.read("read due staged rows", move |c| {
+            let mut s = c.prepare_cached(
+                "SELECT key, staged_at, visible_after FROM staged
+                 WHERE key > ?1 AND visible_after IS NOT NULL AND visible_after <= ?2
+                 ORDER BY key LIMIT ?3",
+            )?;
+            let rows = s.query_map(rusqlite::params![after, now_ms, limit as i64], staged_row)?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn still_due(&self, keys: &[Key], now_ms: i64) -> Result<Vec<bool>> {
+        let keys = keys.to_vec();
+        self.read("re-read staged rows", move |c| {
+            let mut s = c.prepare_cached(
+                "SELECT 1 FROM staged WHERE key = ?1 AND visible_after IS NOT NULL AND visible_after <= ?2",
+            )?;
+            keys.iter()
+                .map(|k| s.exists(rusqlite::params![key_param(k), now_ms]))
+                .collect()
+        })
+        .await
+    }
+
+    async fn unstage(&self, keys: &[Key]) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let keys = keys.to_vec();
+        self.write("unstage keys", move |c| {
+            for_each_key(c, keys, "DELETE FROM staged WHERE key = ?1", |s, k| {
+                s.execute([key_param(k)])
+            })
+        })
+        .await
+    }
+
+    async fn staged(&self, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
+        let after = after_param(after);
+        self.read("list staged rows", move |c| {
+            let mut s = c.prepare_cached(
+                "SELECT key, staged_at, visible_after FROM staged WHERE key > ?1 ORDER BY key LIMIT ?2",
+            )?;
+            let rows = s.query_map(rusqlite::params![after, limit as i64], staged_row)?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn add_roots(&self, keys: &[Key]) -> Result<u64> {
+        let keys = keys.to_vec();
+        self.write("add roots", move |c| {
+            for_each_key(
+                c,
+                keys,
+                "INSERT INTO roots (key) VALUES (?1) ON CONFLICT (key) DO NOTHING",
+                |s, k| s.execute([key_param(k)]),
+            )
+        })
+        .await
+    }
+
+    async fn remove_roots(&self, keys: &[Key]) -> Result<u64> {
+        let keys = keys.to_vec();
+        self.write("remove roots", move |c| {
+            for_each_key(c, keys, "DELETE FROM roots WHERE key = ?1", |s, k| {
+                s.execute([key_param(k)])
+            })
+        })
+        .await
+    }
+
+    async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>> {
+        let after = after_param(after);
+        self.read("list roots", move |c| {
+            let mut s =
+                c.prepare_cached("SELECT key FROM roots WHERE key > ?1 ORDER BY key LIMIT ?2")?;
+            let rows = s.query_map(rusqlite::params![after, limit as i64], |r| {
+                key_from_row(r.get(0)?)
+            })?;
+            rows.collect()
+        })
+        .await
+    }
+
+    async fn roots_contain(&self, keys: &[Key]) -> Result<Vec<bool>> {
+        let keys = keys.to_vec();
+        self.read("probe roots", move |c| {
+            let mut s = c.prepare_cached("SELECT 1 FROM roots WHERE key = ?1")?;
+            keys.iter().map(|k| s.exists([key_param(k)])).collect()
+        })
+        .await
+    }
+}

@@ -1,0 +1,141 @@
+//! Tier dispatch: which engine a put goes to, and the union listing.
+//!
+//! Puts at or under the threshold go to kv, larger ones to large (or are
+//! refused in kv-only mode). Reads fall through kv then large, so a blob
+//! written under an older threshold is still found. `list` is the sorted
+//! merge of both engines' sorted listings, each key once.
+
+use futures::StreamExt;
+
+use crate::Key;
+use crate::Result;
+use crate::backend::KeyStream;
+
+/// The storage tier of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Small blobs, in the kv engine's table.
+    Kv,
+    /// Blobs over the threshold, in the large engine.
+    Large,
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tier::Kv => "kv",
+            Tier::Large => "large",
+        })
+    }
+}
+
+/// The tier a blob of `size` bytes belongs in.
+pub(crate) fn tier_for(size: u64, threshold: u64) -> Tier {
+    if size <= threshold {
+        Tier::Kv
+    } else {
+        Tier::Large
+    }
+}
+
+struct Merge<'a> {
+    a: KeyStream<'a>,
+    b: KeyStream<'a>,
+    head_a: Option<Key>,
+    head_b: Option<Key>,
+    done_a: bool,
+    done_b: bool,
+}
+
+/// Merges two ascending key streams into one ascending stream without
+/// duplicates. Errors are passed through as they arrive.
+pub(crate) fn merge_sorted<'a>(a: KeyStream<'a>, b: KeyStream<'a>) -> KeyStream<'a> {
+    let state = Merge {
+        a,
+        b,
+        head_a: None,
+        head_b: None,
+        done_a: false,
+        done_b: false,
+    };
+    Box::pin(futures::stream::unfold(state, |mut s| async move {
+        if s.head_a.is_none() && !s.done_a {
+            match s.a.next().await {
+                Some(Ok(k)) => s.head_a = Some(k),
+                Some(Err(e)) => return Some((Err(e), s)),
+                None => s.done_a = true,
+            }
+        }
+        if s.head_b.is_none() && !s.done_b {
+            match s.b.next().await {
+                Some(Ok(k)) => s.head_b = Some(k),
+                Some(Err(e)) => return Some((Err(e), s)),
+                None => s.done_b = true,
+            }
+        }
+        let next: Result<Key> = match (s.head_a, s.head_b) {
+            (None, None) => return None,
+            (Some(x), None) => {
+                s.head_a = None;
+                Ok(x)
+            }
+            (None, Some(y)) => {
+                s.head_b = None;
+                Ok(y)
+            }
+            (Some(x), Some(y)) => {
+                if x <= y {
+                    s.head_a = None;
+                }
+                if y <= x {
+                    s.head_b = None;
+                }
+                Ok(x.min(y))
+            }
+        };
+        Some((next, s))
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::TryStreamExt;
+
+    fn keys(bytes: &[u8]) -> Vec<Key> {
+        bytes
+            .iter()
+            .map(|b| {
+                let mut k = [0u8; 32];
+                k[0] = *b;
+                Key::from_bytes(k)
+            })
+            .collect()
+    }
+
+    fn stream(v: Vec<Key>) -> KeyStream<'static> {
+        Box::pin(futures::stream::iter(v.into_iter().map(Ok)))
+    }
+
+    #[tokio::test]
+    async fn merge_is_sorted_union_without_duplicates() {
+        let merged: Vec<Key> = merge_sorted(stream(keys(&[1, 3, 5, 7])), stream(keys(&[2, 3, 8])))
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(merged, keys(&[1, 2, 3, 5, 7, 8]));
+        let empty: Vec<Key> = merge_sorted(stream(vec![]), stream(vec![]))
+            .try_collect()
+            .await
+            .unwrap();
+        assert!(empty.is_empty());
+    }
+
+    #[test]
+    fn threshold_is_inclusive() {
+        assert_eq!(tier_for(100, 100), Tier::Kv);
+        assert_eq!(tier_for(101, 100), Tier::Large);
+        assert_eq!(tier_for(0, 0), Tier::Kv);
+    }
+}
