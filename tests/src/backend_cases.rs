@@ -1,0 +1,379 @@
+//! Cases over one engine, through `&dyn Backend` only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use alkblobs::backend::Backend;
+use alkblobs::{BackendExt, Error, Key, PutOutcome};
+use bytes::Bytes;
+use futures::TryStreamExt;
+
+use crate::{absent_key, data};
+
+/// What an engine is expected to handle.
+#[derive(Debug, Clone, Copy)]
+pub struct Caps {
+    /// Largest value the cases put (kv engines only ever get small ones).
+    pub max_value: usize,
+    /// Keys in the big-listing case.
+    pub list_keys: usize,
+}
+
+/// Stamps one test per case for an engine. `$make` is an async block
+/// returning `(engine, guard)`; the guard (e.g. a temp dir) lives as long as
+/// the test.
+#[macro_export]
+macro_rules! backend_suite {
+    ($engine:ident, $caps:expr, $make:expr) => {
+        mod $engine {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::backend_suite!(@cases $caps, $make;
+                round_trips, put_is_immutable, missing_keys, delete_semantics,
+                ranges_at_edges, list_is_sorted_and_complete, big_listing,
+                concurrent_puts_of_one_key, streaming_writes, streaming_reads,
+                batches, usage_matches_contents, model_sequence);
+        }
+    };
+    (@cases $caps:expr, $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let (engine, _guard) = $make.await;
+                let engine: std::sync::Arc<dyn alkblobs::backend::Backend> = std::sync::Arc::new(engine);
+                $crate::backend_cases::$case(&engine, $caps).await;
+            }
+        )*
+    };
+}
+
+fn sizes(caps: Caps) -> Vec<usize> {
+    [0, 1, 100, 4096, 65536, 65537, 1 << 20, 8 << 20]
+        .into_iter()
+        .filter(|s| *s <= caps.max_value)
+        .collect()
+}
+
+async fn put_new(e: &Arc<dyn Backend>, value: Vec<u8>) -> Key {
+    let key = Key::of(&value);
+    assert_eq!(e.put(&key, Bytes::from(value)).await.unwrap(), PutOutcome::Created, "{e}");
+    key
+}
+
+/// Values of every size come back byte-identical with the right size.
+pub async fn round_trips(e: &Arc<dyn Backend>, caps: Caps) {
+    for (i, size) in sizes(caps).into_iter().enumerate() {
+        let value = data(i as u64, size);
+        let key = put_new(e, value.clone()).await;
+        assert!(e.has(&key).await.unwrap());
+        assert_eq!(e.size(&key).await.unwrap(), Some(size as u64), "size of {size}");
+        let got = e.get(&key).await.unwrap().expect("present");
+        assert_eq!(got.len(), size);
+        assert!(got == value, "content of a {size}-byte value differs");
+    }
+}
+
+/// A second put of a present key is `Existed` and never rewrites it.
+pub async fn put_is_immutable(e: &Arc<dyn Backend>, _caps: Caps) {
+    let value = data(7, 1000);
+    let key = put_new(e, value.clone()).await;
+    // Same key, different bytes: the engine trusts keys, so this proves the
+    // stored entry is left alone rather than overwritten.
+    let other = Bytes::from(data(8, 1000));
+    assert_eq!(e.put(&key, other).await.unwrap(), PutOutcome::Existed);
+    assert_eq!(e.get(&key).await.unwrap().unwrap(), value);
+}
+
+/// Missing keys read as `None`/`false`, never as errors.
+pub async fn missing_keys(e: &Arc<dyn Backend>, _caps: Caps) {
+    let k = absent_key("missing");
+    assert!(!e.has(&k).await.unwrap());
+    assert_eq!(e.get(&k).await.unwrap(), None);
+    assert_eq!(e.size(&k).await.unwrap(), None);
+    assert_eq!(e.get_range(&k, 0, 10).await.unwrap(), None);
+    assert!(e.open_read(&k).await.unwrap().is_none());
+}
+
+/// Deleting returns the freed size; deleting a missing key is `Ok(None)`.
+pub async fn delete_semantics(e: &Arc<dyn Backend>, _caps: Caps) {
+    let key = put_new(e, data(11, 321)).await;
+    assert_eq!(e.delete(&key).await.unwrap(), Some(321));
+    assert!(!e.has(&key).await.unwrap());
+    assert_eq!(e.get(&key).await.unwrap(), None);
+    assert_eq!(e.delete(&key).await.unwrap(), None);
+    assert_eq!(e.delete(&absent_key("never")).await.unwrap(), None);
+    // Delete-then-recover: the same bytes come back under the same key.
+    let again = put_new(e, data(11, 321)).await;
+    assert_eq!(again, key);
+}
+
+/// Ranged reads are clamped at the end and refuse a start past it.
+pub async fn ranges_at_edges(e: &Arc<dyn Backend>, caps: Caps) {
+    let size = 70_000.min(caps.max_value);
+    let value = data(12, size);
+    let key = put_new(e, value.clone()).await;
+    let r = |o: u64, l: u64| {
+        let e = e.clone();
+        async move { e.get_range(&key, o, l).await }
+    };
+    assert_eq!(r(0, 0).await.unwrap().unwrap().len(), 0);
+    assert_eq!(r(0, 10).await.unwrap().unwrap(), value[..10]);
+    assert_eq!(r(5, 100).await.unwrap().unwrap(), value[5..105]);
+    assert_eq!(r(size as u64 - 3, 100).await.unwrap().unwrap(), value[size - 3..]);
+    assert_eq!(r(size as u64, 100).await.unwrap().unwrap().len(), 0);
+    assert_eq!(r(0, u64::MAX).await.unwrap().unwrap(), value);
+    match r(size as u64 + 1, 1).await {
+        Err(Error::InvalidRange { offset, size: s, .. }) => {
+            assert_eq!((offset, s), (size as u64 + 1, size as u64));
+        }
+        other => panic!("expected InvalidRange, got {other:?}"),
+    }
+}
+
+/// `list` is ascending, unique and complete.
+pub async fn list_is_sorted_and_complete(e: &Arc<dyn Backend>, _caps: Caps) {
+    let mut want = Vec::new();
+    for i in 0..300 {
+        want.push(put_new(e, data(1000 + i, 10)).await);
+    }
+    want.sort();
+    let got = e.list_all().await.unwrap();
+    assert_eq!(got, want);
+}
+
+/// Listing a big pool streams every key once, in order.
+pub async fn big_listing(e: &Arc<dyn Backend>, caps: Caps) {
+    let n = caps.list_keys;
+    let mut want: Vec<Key> = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+        let items: Vec<(Key, Bytes)> = chunk
+            .iter()
+            .map(|i| {
+                let v = (*i as u64).to_le_bytes().to_vec();
+                (Key::of(&v), Bytes::from(v))
+            })
+            .collect();
+        want.extend(items.iter().map(|(k, _)| *k));
+        e.put_many(&items).await.unwrap();
+    }
+    want.sort();
+    let mut keys = e.list();
+    let mut count = 0usize;
+    let mut prev: Option<Key> = None;
+    while let Some(k) = keys.try_next().await.unwrap() {
+        if let Some(p) = prev {
+            assert!(p < k, "list out of order at {count}");
+        }
+        assert_eq!(k, want[count]);
+        prev = Some(k);
+        count += 1;
+    }
+    assert_eq!(count, n);
+}
+
+/// Concurrent puts of one key: exactly one creates it, all agree on content.
+pub async fn concurrent_puts_of_one_key(e: &Arc<dyn Backend>, caps: Caps) {
+    let value = Bytes::from(data(13, 200_000.min(caps.max_value)));
+    let key = Key::of(&value);
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let e = e.clone();
+            let v = value.clone();
+            tokio::spawn(async move { e.put(&key, v).await.unwrap() })
+        })
+        .collect();
+    let mut created = 0;
+    for t in tasks {
+        if t.await.unwrap() == PutOutcome::Created {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 1, "exactly one concurrent put creates the entry");
+    assert_eq!(e.get(&key).await.unwrap().unwrap(), value);
+}
+
+/// Streaming writes publish on commit only; abort and drop leave nothing.
+pub async fn streaming_writes(e: &Arc<dyn Backend>, caps: Caps) {
+    let value = data(14, (3 << 20).min(caps.max_value));
+    let key = Key::of(&value);
+    let mut w = e.begin_write().await.unwrap();
+    for chunk in value.chunks(100_000) {
+        w.write(Bytes::copy_from_slice(chunk)).await.unwrap();
+        assert!(!e.has(&key).await.unwrap(), "visible before commit");
+    }
+    assert_eq!(w.written(), value.len() as u64);
+    assert_eq!(w.commit(&key).await.unwrap(), PutOutcome::Created);
+    assert_eq!(e.get(&key).await.unwrap().unwrap(), value);
+
+    // A second streamed write of the same key is discarded.
+    let mut w = e.begin_write().await.unwrap();
+    w.write(Bytes::from(value.clone())).await.unwrap();
+    assert_eq!(w.commit(&key).await.unwrap(), PutOutcome::Existed);
+
+    let other = data(15, 5000);
+    let other_key = Key::of(&other);
+    let mut w = e.begin_write().await.unwrap();
+    w.write(Bytes::from(other.clone())).await.unwrap();
+    w.abort().await.unwrap();
+    let mut w = e.begin_write().await.unwrap();
+    w.write(Bytes::from(other)).await.unwrap();
+    drop(w);
+    assert!(!e.has(&other_key).await.unwrap());
+    assert_eq!(e.list_all().await.unwrap(), vec![key]);
+}
+
+/// Streaming reads return the exact bytes.
+pub async fn streaming_reads(e: &Arc<dyn Backend>, caps: Caps) {
+    use tokio::io::AsyncReadExt;
+    let value = data(16, (2 << 20).min(caps.max_value));
+    let key = put_new(e, value.clone()).await;
+    let mut r = e.open_read(&key).await.unwrap().unwrap();
+    let mut got = Vec::new();
+    r.read_to_end(&mut got).await.unwrap();
+    assert!(got == value);
+}
+
+/// `put_many` and `delete_many` report per key.
+pub async fn batches(e: &Arc<dyn Backend>, _caps: Caps) {
+    let items: Vec<(Key, Bytes)> = (0..50)
+        .map(|i| {
+            let v = data(2000 + i, 1024);
+            (Key::of(&v), Bytes::from(v))
+        })
+        .collect();
+    assert!(e.put_many(&items[..25]).await.unwrap().iter().all(|o| *o == PutOutcome::Created));
+    let out = e.put_many(&items).await.unwrap();
+    assert_eq!(out.iter().filter(|o| **o == PutOutcome::Existed).count(), 25);
+    assert_eq!(out.iter().filter(|o| **o == PutOutcome::Created).count(), 25);
+    let mut keys: Vec<Key> = items.iter().map(|(k, _)| *k).collect();
+    keys.push(absent_key("batch"));
+    let freed = e.delete_many(&keys).await.unwrap();
+    assert_eq!(freed.iter().flatten().count(), 50);
+    assert!(freed.iter().flatten().all(|s| *s == 1024));
+    assert_eq!(freed[50], None);
+    assert!(e.list_all().await.unwrap().is_empty());
+}
+
+/// Usage counts entries and bytes without loading values.
+pub async fn usage_matches_contents(e: &Arc<dyn Backend>, _caps: Caps) {
+    assert_eq!(e.count_and_bytes().await.unwrap(), (0, 0));
+    let mut bytes = 0;
+    for i in 0..20u64 {
+        put_new(e, data(3000 + i, (i * 100) as usize)).await;
+        bytes += i * 100;
+    }
+    assert_eq!(e.count_and_bytes().await.unwrap(), (20, bytes));
+}
+
+/// A random sequence of operations matches an in-memory model.
+pub async fn model_sequence(e: &Arc<dyn Backend>, caps: Caps) {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put(u8, u16),
+        Delete(u8, u16),
+        Get(u8, u16),
+        Range(u8, u16, u32, u32),
+        List,
+    }
+    let max = caps.max_value.min(20_000) as u16;
+    let op = prop_oneof![
+        (any::<u8>(), 0..max).prop_map(|(s, l)| Op::Put(s % 16, l)),
+        (any::<u8>(), 0..max).prop_map(|(s, l)| Op::Delete(s % 16, l)),
+        (any::<u8>(), 0..max).prop_map(|(s, l)| Op::Get(s % 16, l)),
+        (any::<u8>(), 0..max, any::<u32>(), any::<u32>())
+            .prop_map(|(s, l, o, n)| Op::Range(s % 16, l, o % 30_000, n % 30_000)),
+        Just(Op::List),
+    ];
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let rt = tokio::runtime::Handle::current();
+    let result = runner.run(&proptest::collection::vec(op, 1..40), |ops| {
+        // The engine is shared across cases: clear it first.
+        let e = e.clone();
+        let outcome = std::thread::scope(|s| {
+            s.spawn(|| {
+                rt.block_on(async {
+                    let keys = e.list_all().await.unwrap();
+                    e.delete_many(&keys).await.unwrap();
+                    let mut model: BTreeMap<Key, Vec<u8>> = BTreeMap::new();
+                    for op in ops {
+                        match op {
+                            Op::Put(s, l) => {
+                                let v = data(s as u64 * 100_000 + l as u64, l as usize);
+                                let k = Key::of(&v);
+                                let out = e.put(&k, Bytes::from(v.clone())).await.unwrap();
+                                let want = if model.contains_key(&k) {
+                                    PutOutcome::Existed
+                                } else {
+                                    PutOutcome::Created
+                                };
+                                if out != want {
+                                    return Err(format!("put outcome {out:?}, model {want:?}"));
+                                }
+                                model.insert(k, v);
+                            }
+                            Op::Delete(s, l) => {
+                                let k = Key::of(&data(s as u64 * 100_000 + l as u64, l as usize));
+                                let got = e.delete(&k).await.unwrap();
+                                let want = model.remove(&k).map(|v| v.len() as u64);
+                                if got != want {
+                                    return Err(format!("delete {got:?}, model {want:?}"));
+                                }
+                            }
+                            Op::Get(s, l) => {
+                                let k = Key::of(&data(s as u64 * 100_000 + l as u64, l as usize));
+                                let got = e.get(&k).await.unwrap().map(|b| b.to_vec());
+                                if got.as_ref() != model.get(&k) {
+                                    return Err("get differs from model".into());
+                                }
+                                let size = e.size(&k).await.unwrap();
+                                if size != model.get(&k).map(|v| v.len() as u64) {
+                                    return Err("size differs from model".into());
+                                }
+                            }
+                            Op::Range(s, l, o, n) => {
+                                let k = Key::of(&data(s as u64 * 100_000 + l as u64, l as usize));
+                                let got = e.get_range(&k, o as u64, n as u64).await;
+                                match (model.get(&k), got) {
+                                    (None, Ok(None)) => {}
+                                    (Some(v), Ok(Some(b))) if (o as usize) <= v.len() => {
+                                        let end = (o as usize + n as usize).min(v.len());
+                                        if b[..] != v[o as usize..end] {
+                                            return Err("range differs from model".into());
+                                        }
+                                    }
+                                    (Some(v), Err(Error::InvalidRange { .. })) if o as usize > v.len() => {}
+                                    (m, g) => {
+                                        return Err(format!(
+                                            "range: model has {:?} bytes, engine said {g:?}",
+                                            m.map(|v| v.len())
+                                        ));
+                                    }
+                                }
+                            }
+                            Op::List => {
+                                let got = e.list_all().await.unwrap();
+                                let want: Vec<Key> = model.keys().copied().collect();
+                                if got != want {
+                                    return Err("list differs from model".into());
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .join()
+            .unwrap()
+        });
+        outcome.map_err(proptest::test_runner::TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -1,0 +1,146 @@
+//! A fault-injecting engine: wraps another and fails the Nth write or
+//! delete, to prove the store and the GC lose nothing when an engine fails.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use alkblobs::backend::{Backend, BlobReader, GcTables, KeyStream, StagedWrite};
+use alkblobs::{Error, Key, PutOutcome, Result};
+use async_trait::async_trait;
+use bytes::Bytes;
+
+/// Wraps an engine; see the module docs.
+#[derive(Debug)]
+pub struct FaultBackend {
+    inner: Arc<dyn Backend>,
+    writes: AtomicU64,
+    deletes: AtomicU64,
+    fail_write: AtomicU64,
+    fail_delete: AtomicU64,
+}
+
+impl FaultBackend {
+    /// Wraps `inner` with no faults armed.
+    pub fn new(inner: Arc<dyn Backend>) -> FaultBackend {
+        FaultBackend {
+            inner,
+            writes: AtomicU64::new(0),
+            deletes: AtomicU64::new(0),
+            fail_write: AtomicU64::new(0),
+            fail_delete: AtomicU64::new(0),
+        }
+    }
+
+    /// Fails the `n`th write from now (1 = the next one); 0 disarms.
+    pub fn fail_nth_write(&self, n: u64) {
+        let base = self.writes.load(Ordering::SeqCst);
+        self.fail_write.store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+    }
+
+    /// Fails the `n`th delete call from now (1 = the next one); 0 disarms.
+    pub fn fail_nth_delete(&self, n: u64) {
+        let base = self.deletes.load(Ordering::SeqCst);
+        self.fail_delete.store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+    }
+
+    fn write_fault(&self) -> Result<()> {
+        let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.fail_write.load(Ordering::SeqCst) {
+            return Err(Error::engine(self, format!("injected failure of write #{n}")));
+        }
+        Ok(())
+    }
+
+    fn delete_fault(&self) -> Result<()> {
+        let n = self.deletes.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.fail_delete.load(Ordering::SeqCst) {
+            return Err(Error::engine(self, format!("injected failure of delete #{n}")));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for FaultBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fault({})", self.inner)
+    }
+}
+
+struct FaultWrite<'a> {
+    owner: &'a FaultBackend,
+    inner: Box<dyn StagedWrite + 'a>,
+}
+
+#[async_trait]
+impl StagedWrite for FaultWrite<'_> {
+    async fn write(&mut self, chunk: Bytes) -> Result<()> {
+        self.inner.write(chunk).await
+    }
+    fn written(&self) -> u64 {
+        self.inner.written()
+    }
+    async fn commit(self: Box<Self>, key: &Key) -> Result<PutOutcome> {
+        if let Err(e) = self.owner.write_fault() {
+            self.inner.abort().await?;
+            return Err(e);
+        }
+        self.inner.commit(key).await
+    }
+    async fn abort(self: Box<Self>) -> Result<()> {
+        self.inner.abort().await
+    }
+}
+
+#[async_trait]
+impl Backend for FaultBackend {
+    fn name(&self) -> &str {
+        "fault"
+    }
+    async fn has(&self, key: &Key) -> Result<bool> {
+        self.inner.has(key).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+        self.inner.get(key).await
+    }
+    async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
+        self.write_fault()?;
+        self.inner.put(key, value).await
+    }
+    async fn delete(&self, key: &Key) -> Result<Option<u64>> {
+        self.delete_fault()?;
+        self.inner.delete(key).await
+    }
+    fn list(&self) -> KeyStream<'_> {
+        self.inner.list()
+    }
+    async fn size(&self, key: &Key) -> Result<Option<u64>> {
+        self.inner.size(key).await
+    }
+    async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.inner.get_range(key, offset, len).await
+    }
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        self.inner.open_read(key).await
+    }
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        Ok(Box::new(FaultWrite {
+            owner: self,
+            inner: self.inner.begin_write().await?,
+        }))
+    }
+    async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
+        self.write_fault()?;
+        self.inner.put_many(items).await
+    }
+    async fn delete_many(&self, keys: &[Key]) -> Result<Vec<Option<u64>>> {
+        self.delete_fault()?;
+        self.inner.delete_many(keys).await
+    }
+    async fn usage(&self) -> Result<Option<(u64, u64)>> {
+        self.inner.usage().await
+    }
+    fn gc_tables(&self) -> Option<Arc<dyn GcTables>> {
+        self.inner.gc_tables()
+    }
+}

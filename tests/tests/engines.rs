@@ -1,0 +1,63 @@
+//! The backend conformance suite over every engine.
+
+use alkblobs::Durability;
+use alkblobs::backend::local::{LocalBackend, LocalOptions};
+use alkblobs::backend::mem::MemBackend;
+use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
+use alkblobs_tests::backend_cases::Caps;
+use alkblobs_tests::backend_suite;
+
+const KV: Caps = Caps {
+    max_value: 65_537,
+    list_keys: 100_000,
+};
+const LARGE: Caps = Caps {
+    max_value: 8 << 20,
+    list_keys: 100_000,
+};
+// 100k durable file puts are 200k fsyncs; the relaxed engine below lists
+// 100k keys, the durable one fewer.
+const LARGE_DURABLE: Caps = Caps {
+    max_value: 8 << 20,
+    list_keys: 20_000,
+};
+
+backend_suite!(mem_kv, KV, async { (MemBackend::new(), ()) });
+backend_suite!(mem_large, LARGE, async { (MemBackend::new(), ()) });
+
+backend_suite!(sqlite, KV, async {
+    let dir = tempfile::tempdir().unwrap();
+    let e = SqliteBackend::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
+        .await
+        .unwrap();
+    (e, dir)
+});
+
+backend_suite!(local, LARGE_DURABLE, async {
+    let dir = tempfile::tempdir().unwrap();
+    let e = LocalBackend::open(dir.path().join("large"), LocalOptions::default())
+        .await
+        .unwrap();
+    (e, dir)
+});
+
+// The relaxed modes skip fsyncs; the contract is otherwise the same.
+backend_suite!(sqlite_relaxed, KV, async {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SqliteOptions {
+        durability: Durability::Relaxed,
+        ..SqliteOptions::default()
+    };
+    let e = SqliteBackend::open(dir.path().join("kv.sqlite"), opts).await.unwrap();
+    (e, dir)
+});
+
+backend_suite!(local_relaxed, LARGE, async {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LocalOptions {
+        durability: Durability::Relaxed,
+        ..LocalOptions::default()
+    };
+    let e = LocalBackend::open(dir.path().join("large"), opts).await.unwrap();
+    (e, dir)
+});
