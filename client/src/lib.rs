@@ -27,7 +27,7 @@ mod error;
 mod key;
 pub mod store;
 
-pub use backend::{Backend, BackendExt, Durability, PutOutcome};
+pub use backend::{Backend, BackendExt, Durability, OpenMode, PutOutcome};
 pub use error::{BoxError, Error, Result};
 pub use key::{KEY_LEN, Key, KeyError};
 pub use backend::StagedRow;

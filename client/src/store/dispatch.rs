@@ -12,7 +12,7 @@ use crate::Result;
 use crate::backend::KeyStream;
 
 /// The storage tier of an entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Tier {
     /// Small blobs, in the kv engine's table.
