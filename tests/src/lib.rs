@@ -80,3 +80,5 @@ pub mod proc {
         }
     }
 }
+
+pub mod gc_support;

@@ -204,6 +204,8 @@ pub enum SweepPhase {
     Window,
     /// Re-arbitrating and deleting due rows.
     Execute,
+    /// A batch's liveness re-check is done; the claim comes next.
+    Checked,
     /// A batch's deletions are claimed, about to be deleted.
     Claimed,
 }
@@ -647,6 +649,7 @@ async fn run(store: &StoreInner, opts: &SweepOptions, window: Duration, report: 
             report.aborted = Some(cause);
             return Ok(());
         }
+        hook(SweepPhase::Checked).await;
         // The decisive check: under the arbitration lock, claim only keys
         // still neither pinned nor touched; pins of claimed keys now wait.
         let claimed = store.pins.claim_for_delete(&candidates);

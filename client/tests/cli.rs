@@ -1,0 +1,207 @@
+//! The `alkblobs` binary, driven as a user would: output shapes and exit
+//! codes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_alkblobs");
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("ALKBLOBS_DATA_DIR", dir.join("data"))
+        .current_dir(dir)
+        .output()
+        .expect("run alkblobs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(dir: &Path, args: &[&str]) -> String {
+    let o = run(dir, args);
+    assert!(o.status.success(), "{args:?} failed: {}", stderr(&o));
+    stdout(&o)
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exit code")
+}
+
+fn b3(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+#[test]
+fn put_get_stat_ls_usage_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("small.txt"), b"hello alkblobs\n").unwrap();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+
+    let out = ok(d, &["put", "small.txt", "big.bin"]);
+    let keys: Vec<&str> = out.lines().collect();
+    assert_eq!(keys, vec![b3(b"hello alkblobs\n"), b3(&big)]);
+
+    assert_eq!(ok(d, &["get", keys[0]]), "hello alkblobs\n");
+    ok(d, &["get", keys[1], "-o", "copy.bin"]);
+    assert_eq!(std::fs::read(d.join("copy.bin")).unwrap(), big);
+
+    let stat: serde_json::Value = serde_json::from_str(&ok(d, &["--json", "stat", keys[1]])).unwrap();
+    assert_eq!(stat["key"], keys[1]);
+    assert_eq!(stat["size"], 300_000);
+    assert_eq!(stat["tier"], "large");
+    let stat: serde_json::Value = serde_json::from_str(&ok(d, &["stat", keys[0], "--json"])).unwrap();
+    assert_eq!(stat["tier"], "kv");
+
+    let mut want: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+    want.sort();
+    assert_eq!(ok(d, &["ls"]).lines().collect::<Vec<_>>(), want);
+    let listed: Vec<String> = serde_json::from_str(&ok(d, &["ls", "--json"])).unwrap();
+    assert_eq!(listed, want);
+
+    let usage: serde_json::Value = serde_json::from_str(&ok(d, &["usage", "--json"])).unwrap();
+    assert_eq!(usage["kv"]["entries"], 1);
+    assert_eq!(usage["large"]["bytes"], 300_000);
+
+    // stdin, and a put of the same content again is the same key.
+    let o = Command::new(BIN)
+        .args(["put", "-"])
+        .env("ALKBLOBS_DATA_DIR", d.join("data"))
+        .stdin(std::fs::File::open(d.join("small.txt")).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&o).trim(), keys[0]);
+}
+
+#[test]
+fn bad_input_gets_one_line_errors_and_meaningful_codes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(d, &["get", "not-a-key"]);
+    assert_eq!(code(&o), 2);
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert!(stderr(&o).starts_with("alkblobs: error: invalid key"), "{}", stderr(&o));
+
+    let missing = "0".repeat(64);
+    let o = run(d, &["get", &missing]);
+    assert_eq!(code(&o), 3);
+    assert!(stderr(&o).contains("no blob with key"), "{}", stderr(&o));
+    assert_eq!(code(&run(d, &["stat", &missing])), 3);
+
+    let o = run(d, &["put", "does-not-exist.bin"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("does-not-exist.bin"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"));
+
+    assert_eq!(code(&run(d, &["frobnicate"])), 2, "clap usage errors");
+    // Pinning an absent key is refused.
+    assert_eq!(code(&run(d, &["pin", &missing])), 3);
+}
+
+#[test]
+fn verify_names_every_corrupt_key_and_exits_4() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    std::fs::write(d.join("other.bin"), vec![7u8; 100_000]).unwrap();
+    let key = ok(d, &["put", "big.bin"]).trim().to_owned();
+    ok(d, &["put", "other.bin"]);
+    assert!(ok(d, &["verify"]).contains("0 corrupt"));
+
+    let path = d.join("data/large/blobs").join(&key[0..2]).join(&key[2..4]).join(&key);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[1000] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+
+    let o = run(d, &["verify"]);
+    assert_eq!(code(&o), 4);
+    assert!(stdout(&o).contains(&format!("corrupt  {key}")), "{}", stdout(&o));
+    let o = run(d, &["verify", "--json"]);
+    assert_eq!(code(&o), 4);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(report["corrupt"][0]["key"], key);
+    assert_eq!(report["corrupt"].as_array().unwrap().len(), 1);
+
+    // A verified get refuses it and leaves no output file behind.
+    let o = run(d, &["get", &key, "-o", "out.bin"]);
+    assert_eq!(code(&o), 4);
+    assert!(!d.join("out.bin").exists());
+}
+
+#[test]
+fn gc_collects_unrooted_content_and_keeps_roots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    for (name, body) in [("a", "alpha"), ("b", "bravo"), ("c", "charlie")] {
+        std::fs::write(d.join(name), body).unwrap();
+    }
+    let ka = ok(d, &["put", "--root", "a"]).trim().to_owned();
+    let kb = ok(d, &["put", "b"]).trim().to_owned();
+    let kc = ok(d, &["put", "c"]).trim().to_owned();
+    std::fs::write(d.join("extra-roots"), format!("# kept for this run\n{kc}\n")).unwrap();
+
+    // Dry run changes nothing.
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(d, &["gc", "--dry-run", "--window", "0s", "--roots", "extra-roots", "--json"])).unwrap();
+    assert_eq!(report["staged"], 1);
+    assert_eq!(report["deleted"], 0);
+    assert_eq!(ok(d, &["ls"]).lines().count(), 3);
+
+    // A window: the first run stages, nothing is deleted yet.
+    let report: serde_json::Value = serde_json::from_str(&ok(d, &["gc", "--window", "1h", "--json"])).unwrap();
+    assert_eq!(report["staged"], 2, "{report}");
+    assert_eq!(report["deleted"], 0);
+    let staged = ok(d, &["staged"]);
+    assert!(staged.contains(&kb) && staged.contains(&kc) && staged.contains("due in"), "{staged}");
+    let status: serde_json::Value = serde_json::from_str(&ok(d, &["gc", "--status", "--json"])).unwrap();
+    assert_eq!(status.as_array().unwrap().len(), 2);
+
+    // Window zero collects in one run; the extra roots file protects c.
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(d, &["gc", "--window", "0s", "--roots", "extra-roots", "--json"])).unwrap();
+    for field in ["examined", "staged", "deleted", "bytes_freed", "aborted"] {
+        assert!(report.get(field).is_some(), "report lacks {field}: {report}");
+    }
+    assert_eq!(report["examined"], 3);
+    assert_eq!(report["aborted"], serde_json::Value::Null);
+    // b was staged an hour out and is not due; c is protected by the file.
+    assert_eq!(report["deleted"], 0, "{report}");
+    ok(d, &["roots", "rm", &ka]);
+    // Roots can be managed directly, and `pin` refuses absent keys.
+    ok(d, &["roots", "add", &kb]);
+    assert_eq!(ok(d, &["roots", "ls"]).trim(), kb);
+    ok(d, &["roots", "rm", &kb]);
+    ok(d, &["pin", &ka]);
+    assert_eq!(ok(d, &["roots", "ls"]).trim(), ka);
+
+    let bad = run(d, &["gc", "--roots", "a"]);
+    assert_eq!(code(&bad), 2, "a roots file of non-keys is bad input");
+    assert!(stderr(&bad).contains(":1: invalid key"), "{}", stderr(&bad));
+}
+
+#[test]
+fn a_second_writer_is_told_who_holds_the_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("a"), "alpha").unwrap();
+    ok(d, &["put", "a"]);
+    // Hold the instance lock from this process.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(alkblobs::Store::open_dir(d.join("data"))).unwrap();
+    let o = run(d, &["put", "a"]);
+    assert_eq!(code(&o), 5);
+    assert!(stderr(&o).contains("in use by another process"), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("pid {}", std::process::id())), "{}", stderr(&o));
+    // Readers need no lock.
+    assert_eq!(ok(d, &["ls"]).lines().count(), 1);
+    drop(store);
+    ok(d, &["put", "a"]);
+}

@@ -1,0 +1,130 @@
+//! Shared pieces for the GC tests: store configurations and an embedder's
+//! liveness index.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use alkblobs::backend::local::{LocalBackend, LocalOptions};
+use alkblobs::backend::mem::MemBackend;
+use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
+use alkblobs::{BoxError, Durability, Key, Store};
+use tokio::sync::Mutex;
+
+/// A store under test with what keeps it alive.
+pub struct Case {
+    /// Configuration name, for messages.
+    pub name: &'static str,
+    /// The store.
+    pub store: Store,
+    /// Its directory, if any.
+    pub dir: Option<tempfile::TempDir>,
+}
+
+/// Every store configuration GC tests run over: in-process tables
+/// (mem + mem, mem + local) and durable sqlite tables (sqlite + local).
+/// Windows are zero unless a test says otherwise.
+pub async fn cases(window: Duration) -> Vec<Case> {
+    let mut v = Vec::new();
+    v.push(Case {
+        name: "mem+mem",
+        store: Store::builder()
+            .kv(MemBackend::new())
+            .large(MemBackend::new())
+            .threshold(4096)
+            .delete_window(window)
+            .build()
+            .unwrap(),
+        dir: None,
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let local = LocalBackend::open(
+        dir.path().join("large"),
+        LocalOptions {
+            durability: Durability::Relaxed,
+            ..LocalOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    v.push(Case {
+        name: "mem+local",
+        store: Store::builder()
+            .kv(MemBackend::new())
+            .large(local)
+            .threshold(4096)
+            .delete_window(window)
+            .build()
+            .unwrap(),
+        dir: Some(dir),
+    });
+    v.push(sqlite_local(window).await);
+    v
+}
+
+/// sqlite + local (relaxed durability, for speed) in a fresh directory.
+pub async fn sqlite_local(window: Duration) -> Case {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_sqlite_local(dir.path(), window).await;
+    Case {
+        name: "sqlite+local",
+        store,
+        dir: Some(dir),
+    }
+}
+
+/// Opens sqlite + local under `dir`.
+pub async fn open_sqlite_local(dir: &std::path::Path, window: Duration) -> Store {
+    let kv = SqliteBackend::open(
+        dir.join("index.sqlite"),
+        SqliteOptions {
+            durability: Durability::Relaxed,
+            ..SqliteOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let large = LocalBackend::open(
+        dir.join("large"),
+        LocalOptions {
+            durability: Durability::Relaxed,
+            ..LocalOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    Store::builder()
+        .kv(kv)
+        .large(large)
+        .threshold(4096)
+        .delete_window(window)
+        .build()
+        .unwrap()
+}
+
+/// An embedder's own index of live keys, registered as a "live set" source.
+#[derive(Clone, Default)]
+pub struct Live(pub Arc<Mutex<HashSet<Key>>>);
+
+impl Live {
+    /// Registers this index on `store` under `name`.
+    pub fn register(&self, store: &Store, name: &str) {
+        let set = self.0.clone();
+        store
+            .register_live_set(name, move || {
+                let set = set.clone();
+                async move { Ok::<_, BoxError>(set.lock().await.clone()) }
+            })
+            .unwrap();
+    }
+
+    /// Records a key as live.
+    pub async fn add(&self, k: Key) {
+        self.0.lock().await.insert(k);
+    }
+
+    /// Forgets a key.
+    pub async fn remove(&self, k: &Key) {
+        self.0.lock().await.remove(k);
+    }
+}
