@@ -18,6 +18,7 @@ pub struct FaultBackend {
     deletes: AtomicU64,
     fail_write: AtomicU64,
     fail_delete: AtomicU64,
+    write_delay_ms: AtomicU64,
 }
 
 impl FaultBackend {
@@ -29,6 +30,20 @@ impl FaultBackend {
             deletes: AtomicU64::new(0),
             fail_write: AtomicU64::new(0),
             fail_delete: AtomicU64::new(0),
+            write_delay_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Delays every later write (put, batch, streamed commit) by `d` before
+    /// it reaches the inner engine: a put stays in flight that long.
+    pub fn delay_writes(&self, d: std::time::Duration) {
+        self.write_delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    async fn write_delay(&self) {
+        let ms = self.write_delay_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         }
     }
 
@@ -85,6 +100,7 @@ impl StagedWrite for FaultWrite<'_> {
             self.inner.abort().await?;
             return Err(e);
         }
+        self.owner.write_delay().await;
         self.inner.commit(key).await
     }
     async fn abort(self: Box<Self>) -> Result<()> {
@@ -105,6 +121,7 @@ impl Backend for FaultBackend {
     }
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
         self.write_fault()?;
+        self.write_delay().await;
         self.inner.put(key, value).await
     }
     async fn delete(&self, key: &Key) -> Result<Option<u64>> {
@@ -131,6 +148,7 @@ impl Backend for FaultBackend {
     }
     async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
         self.write_fault()?;
+        self.write_delay().await;
         self.inner.put_many(items).await
     }
     async fn delete_many(&self, keys: &[Key]) -> Result<Vec<Option<u64>>> {

@@ -96,7 +96,8 @@ async fn a_failing_source_or_protect_callback_aborts_with_nothing_deleted() {
             "{}",
             case.name
         );
-        assert_eq!(r.deleted, 0);
+        assert_eq!((r.staged, r.deleted), (0, 0));
+        assert!(s.staged(None, 10).await.unwrap().is_empty(), "an aborted sweep stages nothing");
         assert_eq!(keys(s).await, HashSet::from([a, b]), "{}", case.name);
 
         // A registered source that answers the first call and fails later:
@@ -136,6 +137,46 @@ async fn a_failing_source_or_protect_callback_aborts_with_nothing_deleted() {
         s.unregister_liveness("stuck");
         let r = s.sweep(zero()).await.unwrap();
         assert_eq!(r.deleted, 2, "{}: once the sources answer, garbage goes", case.name);
+    }
+}
+
+/// A source that answers its first `contains` call and fails the next:
+/// the sweep aborts in the middle of its mark.
+struct FailsMidMark(Arc<AtomicUsize>);
+
+struct FailsMidMarkView(Arc<AtomicUsize>);
+
+#[async_trait::async_trait]
+impl alkblobs::LivenessSource for FailsMidMark {
+    async fn snapshot(&self) -> Result<Box<dyn alkblobs::LiveSnapshot>, BoxError> {
+        Ok(Box::new(FailsMidMarkView(self.0.clone())))
+    }
+}
+
+#[async_trait::async_trait]
+impl alkblobs::LiveSnapshot for FailsMidMarkView {
+    async fn contains(&self, keys: &[Key]) -> Result<Vec<bool>, BoxError> {
+        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            Ok(vec![false; keys.len()])
+        } else {
+            Err("connection reset".into())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_source_failing_mid_mark_leaves_nothing_staged() {
+    for case in cases(Duration::ZERO).await {
+        let s = &case.store;
+        let many = s.put_many((0..2500u64).map(|i| i.to_le_bytes().to_vec())).await.unwrap();
+        drop(many.pin);
+        s.register_liveness("mid", FailsMidMark(Arc::new(AtomicUsize::new(0)))).unwrap();
+        let r = s.sweep(zero()).await.unwrap();
+        assert!(matches!(&r.aborted, Some(GcAbortCause::ProtectionSource { source, .. }) if source == "mid"), "{r:?}");
+        assert!(r.examined > 1024, "the mark got past its first batch: {r:?}");
+        assert_eq!(r.deleted, 0);
+        assert!(s.staged(None, 10).await.unwrap().is_empty(), "{}: half a mark left staged rows", case.name);
+        assert_eq!(keys(s).await.len(), 2500);
     }
 }
 
@@ -495,6 +536,54 @@ async fn puts_racing_sweeps_never_lose_a_protected_key() {
         assert!(deleted.load(Ordering::SeqCst) > 0, "{}: sweeps deleted something", case.name);
         assert!(checks > 0);
         assert!(s.verify().await.unwrap().corrupt.is_empty());
+    }
+}
+
+/// Guard: the touched set records releases as well as acquisitions. A put
+/// that pinned before the sweep began and committed after it did is
+/// in flight across the sweep's start; it lets go (no liveness) before the
+/// mark reaches it. That sweep must still not delete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_put_in_flight_when_the_sweep_starts_survives_it() {
+    use alkblobs::backend::mem::MemBackend;
+    use alkblobs_tests::fault::FaultBackend;
+    let kv = Arc::new(FaultBackend::new(Arc::new(MemBackend::new())));
+    let s = Store::builder()
+        .kv_arc(kv.clone())
+        .large(MemBackend::new())
+        .delete_window(Duration::ZERO)
+        .build()
+        .unwrap();
+    for i in 0..3u64 {
+        kv.delay_writes(Duration::from_millis(150));
+        let done = Arc::new(Notify::new());
+        let put = {
+            let (s, done) = (s.clone(), done.clone());
+            tokio::spawn(async move {
+                let p = s.put(data(6000 + i, 100)).await.unwrap();
+                let k = p.key;
+                drop(p.pin);
+                done.notify_one();
+                k
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(s.pin_count(&Key::of(&data(6000 + i, 100))), 1, "the put is in flight");
+        let d2 = done.clone();
+        let opts = zero().hook(move |phase| {
+            let d = d2.clone();
+            Box::pin(async move {
+                if phase == SweepPhase::Mark {
+                    // Let the put commit and let go before the mark looks.
+                    d.notified().await;
+                }
+            })
+        });
+        let r = s.sweep(opts).await.unwrap();
+        let k = put.await.unwrap();
+        kv.delay_writes(Duration::ZERO);
+        assert!(s.has(&k).await.unwrap(), "a put in flight at the sweep's start was deleted ({r:?})");
+        assert_eq!(s.sweep(zero()).await.unwrap().deleted, 1, "the next sweep may collect it");
     }
 }
 
