@@ -328,18 +328,35 @@ pub(crate) fn slice_range(key: &Key, value: &Bytes, offset: u64, len: u64) -> Re
     Ok(value.slice(offset as usize..end as usize))
 }
 
-/// Runs blocking engine work off the async workers, turning a panic or a
-/// cancelled task into an engine error rather than a crash.
+/// Runs blocking engine work without stalling the async workers.
+///
+/// On a multi-threaded tokio runtime this is `block_in_place`: the worker
+/// hands its queue to another thread and runs `f` itself, so a 4 µs SQLite
+/// read costs 4 µs rather than a 20 µs round trip to the blocking pool (see
+/// `docs/benchmarks.md`). Elsewhere (a current-thread runtime) `f` goes to
+/// the blocking pool. A panic in `f` becomes an engine error either way.
 pub(crate) async fn blocking<T, F>(engine: &str, f: F) -> Result<T>
 where
     F: FnOnce() -> Result<T> + Send + 'static,
     T: Send + 'static,
 {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
-        Err(e) => Err(crate::Error::engine(
-            engine,
-            format!("blocking task failed: {e}"),
-        )),
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    let panicked = |what: String| crate::Error::engine(engine, format!("blocking task failed: {what}"));
+    let multi = Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    if multi {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tokio::task::block_in_place(f))) {
+            Ok(r) => r,
+            Err(p) => Err(panicked(
+                p.downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".into()),
+            )),
+        }
+    } else {
+        match tokio::task::spawn_blocking(f).await {
+            Ok(r) => r,
+            Err(e) => Err(panicked(e.to_string())),
+        }
     }
 }
