@@ -1,1 +1,101 @@
-fn main() {}
+//! The `local` large engine (through the store) versus plain file I/O on the
+//! same filesystem, same durability, one run.
+//!
+//! Baseline put: write a temp file, fsync it, rename it into place, fsync
+//! the directory — the minimum for a durable, atomic publish. The baseline
+//! does not hash; alkblobs hashes (BLAKE3) before publishing. Baseline get:
+//! `std::fs::read` of the same file.
+
+use std::io::Write;
+
+use alkblobs::{Key, Store};
+use alkblobs_benches::{Lat, Probes, data, header, on_worker, paired, rounds};
+use bytes::Bytes;
+
+fn raw_put(dir: &std::path::Path, name: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+    std::fs::File::open(dir).unwrap().sync_all().unwrap();
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let dir = alkblobs_benches::scratch();
+    let mut probes = Probes::default();
+    probes.take("start", dir.path());
+    let store = rt.block_on(Store::open_dir(dir.path().join("store"))).unwrap();
+    let raw_dir = dir.path().join("raw");
+    std::fs::create_dir_all(&raw_dir).unwrap();
+    header("local large tier, durable");
+
+    for (size, per_block, r) in [(1usize << 20, 24u64, rounds(16)), (256usize << 20, 1, rounds(10).min(10))] {
+        let label = if size == 1 << 20 { "1 MiB" } else { "256 MiB" };
+        // Distinct content per operation (else puts dedup): a base buffer
+        // whose first 8 bytes are a counter. Copies happen outside timing.
+        let base = std::cell::RefCell::new((data(size as u64, size), 0u64));
+        let fresh = || {
+            let mut b = base.borrow_mut();
+            b.1 += 1;
+            let c = b.1;
+            b.0[..8].copy_from_slice(&c.to_le_bytes());
+            b.0.clone()
+        };
+        let mut written: Vec<Key> = Vec::new();
+        let mut a = |lat: &mut Lat| {
+            let ops: Vec<_> = (0..per_block)
+                .map(|_| {
+                    let (s, v) = (store.clone(), Bytes::from(fresh()));
+                    written.push(Key::of(&v));
+                    move || async move { drop(s.put(v).await.unwrap()) }
+                })
+                .collect();
+            let n = on_worker(&rt, lat, ops);
+            for k in written.drain(..) {
+                rt.block_on(store.large().unwrap().delete(&k)).unwrap();
+            }
+            (n, n * size as u64)
+        };
+        let mut b = |lat: &mut Lat| {
+            let vals: Vec<Vec<u8>> = (0..per_block).map(|_| fresh()).collect();
+            for (i, v) in vals.iter().enumerate() {
+                lat.time(|| raw_put(&raw_dir, &format!("blob{i}"), v));
+            }
+            for i in 0..per_block {
+                let _ = std::fs::remove_file(raw_dir.join(format!("blob{i}")));
+            }
+            (per_block, per_block * size as u64)
+        };
+        paired(&format!("put {label}"), "Store::put", "write+fsync+rename+dirfsync", r, &mut a, &mut b);
+
+        // Reads of one committed blob, page cache warm on both sides.
+        let v = fresh();
+        let put = rt.block_on(store.put(v.clone())).unwrap();
+        let key = put.key;
+        drop(put.pin);
+        raw_put(&raw_dir, "read-me", &v);
+        let reads = if size == 1 << 20 { 256 } else { 2 };
+        let mut a = |lat: &mut Lat| {
+            let ops: Vec<_> = (0..reads)
+                .map(|_| {
+                    let s = store.clone();
+                    move || async move { assert_eq!(s.get(&key).await.unwrap().unwrap().len(), size) }
+                })
+                .collect();
+            (on_worker(&rt, lat, ops), reads * size as u64)
+        };
+        let path = raw_dir.join("read-me");
+        let mut b = |lat: &mut Lat| {
+            for _ in 0..reads {
+                lat.time(|| assert_eq!(std::fs::read(&path).unwrap().len(), size));
+            }
+            (reads, reads * size as u64)
+        };
+        paired(&format!("get {label}"), "Store::get", "fs::read", r.max(8), &mut a, &mut b);
+        probes.take(&format!("after {label}"), dir.path());
+    }
+    probes.verdict();
+}

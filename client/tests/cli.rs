@@ -116,7 +116,7 @@ fn verify_names_every_corrupt_key_and_exits_4() {
     ok(d, &["put", "other.bin"]);
     assert!(ok(d, &["verify"]).contains("0 corrupt"));
 
-    let path = d.join("data/large/blobs").join(&key[0..2]).join(&key[2..4]).join(&key);
+    let path = d.join("data/large/blobs").join(&key[0..2]).join(&key);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[1000] ^= 1;
     std::fs::write(&path, bytes).unwrap();

@@ -9,4 +9,4 @@ mod key;
 mod layout;
 
 pub use key::{KEY_LEN, Key, KeyError};
-pub use layout::{shard_path, shard_dirs};
+pub use layout::{all_shards, shard_dir, shard_path};

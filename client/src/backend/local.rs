@@ -5,22 +5,26 @@
 //! ```text
 //! <root>/alkblobs.lock              instance lock (writable opens)
 //! <root>/staging/<random>.part      writes in progress, invisible to readers
-//! <root>/blobs/ab/cd/abcd…(64 hex)  committed blobs, read-only (0444), immutable
+//! <root>/blobs/ab/ab…(64 hex)       committed blobs, read-only (0444), immutable
 //! ```
 //!
 //! # Publishing a blob
 //!
 //! Bytes go to a fresh staging file on the same filesystem, which its writer
-//! holds `flock`ed while writing. At commit the file is `fsync`ed, closed
+//! holds `flock`ed while writing. At commit, if the key is already present
+//! the staging file is simply discarded (no fsync is paid for a dedup hit);
+//! otherwise the file is `fsync`ed, closed
 //! (the close's error is checked: on NFS it reports write-back failures),
-//! made read-only, then *hard-linked* to its sharded path and the staging
-//! name removed; finally the shard directory is `fsync`ed so the new name
-//! survives a power cut. A link never replaces an existing name, so a
-//! committed blob is never rewritten: a second writer of the same key gets
-//! `EEXIST`, discards its staging file and reports
-//! [`PutOutcome::Existed`]. (Filesystems without hard links fall back to a
-//! rename guarded by an existence check.) Readers only ever open sharded
-//! paths, so they see a whole blob or none.
+//! made read-only, then renamed to its sharded path with
+//! `renameat2(RENAME_NOREPLACE)`; finally the shard directory is `fsync`ed so
+//! the new name survives a power cut. A no-replace rename never replaces an
+//! existing name, so a committed blob is never rewritten: a second writer of
+//! the same key gets `EEXIST`, discards its staging file and reports
+//! [`PutOutcome::Existed`]. Filesystems without `RENAME_NOREPLACE` (NFS,
+//! some FUSE) fall back to `link` + `unlink`, which is just as exclusive;
+//! filesystems without hard links either, to a rename guarded by an
+//! existence check. Readers only ever open sharded paths, so they see a
+//! whole blob or none.
 //!
 //! # Recovery
 //!
@@ -49,7 +53,7 @@ use super::{
     blocking,
 };
 use crate::{Error, Key, Result};
-use alkblobs_core::shard_path;
+use alkblobs_core::{all_shards, shard_path};
 
 /// Options for [`LocalBackend::open`].
 #[derive(Debug, Clone)]
@@ -202,6 +206,11 @@ impl Inner {
     }
 
     fn commit_inner(&self, file: File, staging: &Path, key: &Key) -> Result<PutOutcome> {
+        let target = self.path_of(key);
+        // A dedup hit pays no fsync: the staged bytes are discarded.
+        if target.exists() {
+            return Ok(PutOutcome::Existed);
+        }
         let sync_err = |source| {
             self.err(LocalError::UnableToSync {
                 path: staging.to_owned(),
@@ -215,10 +224,12 @@ impl Inner {
             .map_err(sync_err)?;
         close_checked(file).map_err(sync_err)?;
 
-        let target = self.path_of(key);
         let leaf = target.parent().expect("sharded paths have parents");
-        self.ensure_dir(leaf.parent().expect("two shard levels"))?;
-        self.ensure_dir(leaf)?;
+        // Shards are created at open; this only recreates one an operator
+        // removed.
+        if !leaf.is_dir() {
+            self.ensure_dir(leaf)?;
+        }
         let publish_err = |source| {
             self.err(LocalError::UnableToPublishStaged {
                 from: staging.to_owned(),
@@ -226,7 +237,23 @@ impl Inner {
                 source,
             })
         };
-        let outcome = match fs::hard_link(staging, &target) {
+        let outcome = match rename_noreplace(staging, &target) {
+            Ok(true) => PutOutcome::Created,
+            Ok(false) => PutOutcome::Existed,
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)) => {
+                return Err(publish_err(e));
+            }
+            Err(_) => self.publish_by_link(staging, &target).map_err(publish_err)?,
+        };
+        if outcome == PutOutcome::Created && self.durable() {
+            self.sync_dir(leaf)?;
+        }
+        Ok(outcome)
+    }
+
+    /// Publishes with `link` (exclusive) where `RENAME_NOREPLACE` is missing.
+    fn publish_by_link(&self, staging: &Path, target: &Path) -> io::Result<PutOutcome> {
+        Ok(match fs::hard_link(staging, target) {
             Ok(()) => PutOutcome::Created,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => PutOutcome::Existed,
             Err(e)
@@ -239,16 +266,12 @@ impl Inner {
                 if target.exists() {
                     PutOutcome::Existed
                 } else {
-                    fs::rename(staging, &target).map_err(publish_err)?;
+                    fs::rename(staging, target)?;
                     PutOutcome::Created
                 }
             }
-            Err(e) => return Err(publish_err(e)),
-        };
-        if outcome == PutOutcome::Created && self.durable() {
-            self.sync_dir(leaf)?;
-        }
-        Ok(outcome)
+            Err(e) => return Err(e),
+        })
     }
 
     /// Removes staging files that are provably abandoned (blocking).
@@ -289,6 +312,23 @@ impl Inner {
         }
         Ok(reclaimed)
     }
+}
+
+/// `renameat2(from, to, RENAME_NOREPLACE)`: `Ok(true)` if renamed,
+/// `Ok(false)` if `to` exists (nothing changed), `Err` otherwise (EINVAL or
+/// ENOSYS where the filesystem or kernel lacks the flag).
+fn rename_noreplace(from: &Path, to: &Path) -> io::Result<bool> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: both pointers are valid NUL-terminated strings for the call.
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), libc::RENAME_NOREPLACE) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EEXIST) { Ok(false) } else { Err(e) }
 }
 
 /// Closes `file`, reporting the error `close(2)` returns (which `Drop`
@@ -384,6 +424,21 @@ impl LocalBackend {
                 inner.opts.mode.wait(),
                 &inner.display,
             )?);
+            // All 256 shards up front: a put then never creates a directory.
+            let mut created = false;
+            for shard in all_shards() {
+                let dir = inner.blobs.join(shard);
+                match fs::create_dir(&dir) {
+                    Ok(()) => created = true,
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(source) => {
+                        return Err(inner.err(LocalError::UnableToCreateDir { path: dir, source }));
+                    }
+                }
+            }
+            if created && inner.durable() {
+                inner.sync_dir(&inner.blobs)?;
+            }
             // Prove the staging area is writable now rather than at the
             // first put.
             let (probe, path) = inner.new_staging()?;
@@ -494,55 +549,34 @@ impl Backend for LocalBackend {
 
     fn list(&self) -> KeyStream<'_> {
         let inner = self.inner.clone();
-        let list_err = {
-            let inner = inner.clone();
-            move |path: PathBuf| {
-                let inner = inner.clone();
-                move |source| inner.err(LocalError::UnableToList { path, source })
-            }
-        };
-        let display = inner.display.clone();
         let blobs = inner.blobs.clone();
-        // Walk top shards, then their leaf shards, then each leaf's files,
-        // each level sorted: hex order is byte order, and a shard name is a
-        // prefix of its keys, so the concatenation is globally sorted. Only
-        // one directory listing is in memory at a time.
-        let e1 = list_err.clone();
-        let d1 = display.clone();
-        let tops = futures::stream::once(async move {
-            let b = blobs.clone();
-            blocking(&d1, move || shard_names(&b).map_err(e1(b.clone()))).await
+        // Walk the shards in order, then each shard's files sorted: hex order
+        // is byte order and a shard name is its keys' prefix, so the
+        // concatenation is globally sorted. One shard listing is in memory
+        // at a time.
+        let shards = futures::stream::once({
+            let inner = inner.clone();
+            async move {
+                let b = blobs.clone();
+                let e = inner.clone();
+                blocking(&inner.display, move || {
+                    shard_names(&b).map_err(|source| e.err(LocalError::UnableToList { path: b.clone(), source }))
+                })
+                .await
+            }
         })
         .map_ok(|names| futures::stream::iter(names.into_iter().map(Ok::<_, Error>)))
         .try_flatten();
-        let blobs = inner.blobs.clone();
-        let d2 = display.clone();
-        let e2 = list_err.clone();
-        let leaves = tops
-            .and_then(move |top| {
-                let dir = blobs.join(&top);
-                let d = d2.clone();
-                let e = e2.clone();
+        let keys = shards
+            .and_then(move |shard| {
+                let inner = inner.clone();
                 async move {
-                    let names = blocking(&d, {
-                        let dir = dir.clone();
-                        move || shard_names(&dir).map_err(e(dir.clone()))
+                    let dir = inner.blobs.join(&shard);
+                    let e = inner.clone();
+                    blocking(&inner.display, move || {
+                        leaf_keys(&dir, &shard).map_err(|source| e.err(LocalError::UnableToList { path: dir.clone(), source }))
                     })
-                    .await?;
-                    Ok(futures::stream::iter(
-                        names
-                            .into_iter()
-                            .map(move |mid| Ok((dir.join(&mid), format!("{top}{mid}")))),
-                    ))
-                }
-            })
-            .try_flatten();
-        let keys = leaves
-            .and_then(move |(dir, prefix)| {
-                let d = display.clone();
-                let e = list_err.clone();
-                async move {
-                    blocking(&d, move || leaf_keys(&dir, &prefix).map_err(e(dir.clone()))).await
+                    .await
                 }
             })
             .map_ok(|keys| futures::stream::iter(keys.into_iter().map(Ok)))

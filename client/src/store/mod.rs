@@ -437,11 +437,46 @@ impl Store {
         let bytes = bytes.into();
         let span = tracing::debug_span!("put", size = bytes.len());
         async {
+            if self.tier_checked(bytes.len() as u64)? == Tier::Large {
+                return self.put_large(bytes).await;
+            }
             let key = hash(&bytes).await;
             self.put_keyed(key, bytes).await
         }
         .instrument(span)
         .await
+    }
+
+    /// A large blob: hash on a second thread while the bytes stream to the
+    /// engine's staging area, then pin, then publish. Hashing hides behind
+    /// the write instead of preceding it; a dedup hit is discarded at commit
+    /// before any fsync.
+    async fn put_large(&self, bytes: Bytes) -> Result<Put> {
+        let size = bytes.len() as u64;
+        let large = self.engine(Tier::Large);
+        let mut writer = large.begin_write().await?;
+        let b = bytes.clone();
+        let hashing = tokio::task::spawn_blocking(move || Key::of(&b));
+        if let Err(e) = writer.write(bytes.clone()).await {
+            let _ = writer.abort().await;
+            return Err(e);
+        }
+        let key = match hashing.await {
+            Ok(k) => k,
+            Err(_) => Key::of(&bytes),
+        };
+        // Pin before publish, as for every put.
+        let pin = self.inner.pins.acquire(&[key]).await;
+        let outcome = writer.commit(&key).await?;
+        self.after_publish(Tier::Large, &[key]).await?;
+        tracing::debug!(%key, size, ?outcome, "put");
+        Ok(Put {
+            key,
+            size,
+            tier: Tier::Large,
+            outcome,
+            pin,
+        })
     }
 
     /// Stores `bytes` only if they hash to `key` (the ops surface for
