@@ -276,6 +276,19 @@ pub fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Anonymous (heap and stack) resident memory now, in KiB: RSS minus
+/// file-backed pages such as SQLite's memory-mapped database.
+pub fn rss_anon_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("RssAnon:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
 /// Resets the peak RSS counter (Linux `clear_refs` 5).
 pub fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");

@@ -50,9 +50,6 @@ pub trait GcTables: Send + Sync + fmt::Debug {
     /// at most `limit`.
     async fn due(&self, now_ms: i64, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>>;
 
-    /// For each key: is it still staged, sealed and due at `now_ms`?
-    async fn still_due(&self, keys: &[Key], now_ms: i64) -> Result<Vec<bool>>;
-
     /// Removes the keys' staged rows. Returns how many existed.
     async fn unstage(&self, keys: &[Key]) -> Result<u64>;
 
@@ -157,19 +154,6 @@ impl GcTables for MemGcTables {
             .map(|(_, r)| *r)
             .filter(|r| r.visible_after_ms.is_some_and(|v| v <= now_ms))
             .take(limit)
-            .collect())
-    }
-
-    async fn still_due(&self, keys: &[Key], now_ms: i64) -> Result<Vec<bool>> {
-        let t = self.lock();
-        Ok(keys
-            .iter()
-            .map(|k| {
-                t.staged
-                    .get(k)
-                    .and_then(|r| r.visible_after_ms)
-                    .is_some_and(|v| v <= now_ms)
-            })
             .collect())
     }
 

@@ -57,7 +57,9 @@ CREATE TABLE IF NOT EXISTS staged (
     staged_at     INTEGER NOT NULL,
     visible_after INTEGER
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS staged_visible_after ON staged (visible_after);
+-- No index on visible_after: `due` walks the primary key (key order) and
+-- seal/discard scan once per sweep; an index would make sealing rewrite it.
+DROP INDEX IF EXISTS staged_visible_after;
 CREATE TABLE IF NOT EXISTS roots (
     key BLOB PRIMARY KEY
 ) WITHOUT ROWID;
@@ -193,7 +195,7 @@ impl Inner {
         // page, and each reader keeps 16 MiB of hot pages. Durability is
         // untouched: mmap is used for reads only (writes go through the
         // writer connection and the WAL as usual).
-        conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
+        conn.pragma_update(None, "mmap_size", 256i64 << 20)?;
         conn.pragma_update(None, "cache_size", -16384i64)?;
         Ok(conn)
     }
@@ -678,25 +680,13 @@ impl GcTables for SqliteBackend {
         let after = after_param(after);
         self.read("read due staged rows", move |c| {
             let mut s = c.prepare_cached(
+                // Walks the primary key, already in key order.
                 "SELECT key, staged_at, visible_after FROM staged
-                 WHERE key > ?1 AND visible_after IS NOT NULL AND visible_after <= ?2
+                 WHERE key > ?1 AND visible_after <= ?2
                  ORDER BY key LIMIT ?3",
             )?;
             let rows = s.query_map(rusqlite::params![after, now_ms, limit as i64], staged_row)?;
             rows.collect()
-        })
-        .await
-    }
-
-    async fn still_due(&self, keys: &[Key], now_ms: i64) -> Result<Vec<bool>> {
-        let keys = keys.to_vec();
-        self.read("re-read staged rows", move |c| {
-            let mut s = c.prepare_cached(
-                "SELECT 1 FROM staged WHERE key = ?1 AND visible_after IS NOT NULL AND visible_after <= ?2",
-            )?;
-            keys.iter()
-                .map(|k| s.exists(rusqlite::params![key_param(k), now_ms]))
-                .collect()
         })
         .await
     }
@@ -770,6 +760,29 @@ impl GcTables for SqliteBackend {
     async fn roots_contain(&self, keys: &[Key]) -> Result<Vec<bool>> {
         let keys = keys.to_vec();
         self.read("probe roots", move |c| {
+            let sorted = keys.windows(2).all(|w| w[0] < w[1]);
+            if sorted && keys.len() > 16 {
+                // The GC asks about key-ordered batches: one range scan and
+                // a merge instead of a probe per key.
+                let (first, last) = (keys[0], keys[keys.len() - 1]);
+                let mut s = c.prepare_cached(
+                    "SELECT key FROM roots WHERE key >= ?1 AND key <= ?2 ORDER BY key",
+                )?;
+                let mut rows = s.query([key_param(&first), key_param(&last)])?;
+                let mut out = vec![false; keys.len()];
+                let mut i = 0;
+                while let Some(row) = rows.next()? {
+                    let root = key_from_row(row.get(0)?)?;
+                    while i < keys.len() && keys[i] < root {
+                        i += 1;
+                    }
+                    if i < keys.len() && keys[i] == root {
+                        out[i] = true;
+                        i += 1;
+                    }
+                }
+                return Ok(out);
+            }
             let mut s = c.prepare_cached("SELECT 1 FROM roots WHERE key = ?1")?;
             keys.iter().map(|k| s.exists([key_param(k)])).collect()
         })

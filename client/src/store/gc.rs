@@ -12,8 +12,9 @@
 //! 3. **Execute.** Every staged row due by the end of the mark (or, with an
 //!    inline window, by the end of the window) is re-arbitrated *now*:
 //!    against pins, against keys touched during this sweep, and against a
-//!    fresh snapshot of every liveness source; then the survivors of that
-//!    check are claimed under the arbitration lock and deleted.
+//!    snapshot of every liveness source taken when execution starts; then
+//!    the survivors of that check are claimed under the arbitration lock and
+//!    deleted.
 //!
 //! `docs/design.md` argues why each step is needed and what race each guard
 //! closes.
@@ -33,8 +34,13 @@ use super::pins::PinMap;
 use crate::backend::{Backend, GcTables};
 use crate::{BoxError, Key, Result};
 
-/// Keys arbitrated per batch during mark and execution.
-const BATCH: usize = 1024;
+/// Keys arbitrated per batch during the mark.
+const BATCH: usize = 4096;
+
+/// Staged rows executed per batch: one claim and one delete transaction.
+/// Large, because a SQL engine's delete cost is dominated by the pages each
+/// transaction rewrites; a pin of a claimed key waits for one batch.
+const EXEC_BATCH: usize = 16384;
 
 /// The default delete window.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(5 * 60);
@@ -620,10 +626,20 @@ async fn run(store: &StoreInner, opts: &SweepOptions, window: Duration, report: 
         due_at = mark_end.saturating_add(window_ms);
     }
 
-    // 3. Execute every row due by `due_at`, re-arbitrated now.
+    // 3. Execute every row due by `due_at`, re-arbitrated now. One fresh
+    // snapshot per source serves the whole phase: liveness recorded before
+    // this point (during the window, say) is in it, and any pin activity
+    // after the sweep began is in the touched set, which the claim checks.
+    let snaps = match Snapshots::take(&sources, opts.source_timeout).await {
+        Ok(s) => s,
+        Err(cause) => {
+            report.aborted = Some(cause);
+            return Ok(());
+        }
+    };
     let mut after = None;
     loop {
-        let rows = tables.due(due_at, after, BATCH).await?;
+        let rows = tables.due(due_at, after, EXEC_BATCH).await?;
         let Some(last) = rows.last() else { break };
         after = Some(last.key);
         hook(SweepPhase::Execute).await;
@@ -637,14 +653,6 @@ async fn run(store: &StoreInner, opts: &SweepOptions, window: Duration, report: 
             .filter(|(_, p)| !**p)
             .map(|(k, _)| *k)
             .collect();
-        // Fresh snapshots: liveness recorded during the window counts.
-        let snaps = match Snapshots::take(&sources, opts.source_timeout).await {
-            Ok(s) => s,
-            Err(cause) => {
-                report.aborted = Some(cause);
-                return Ok(());
-            }
-        };
         if let Err(cause) = snaps.drop_live(&mut candidates).await {
             report.aborted = Some(cause);
             return Ok(());
