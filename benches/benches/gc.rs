@@ -12,14 +12,16 @@
 
 use std::time::Instant;
 
-use alkblobs::backend::Backend;
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
 use alkblobs::{Key, Store, SweepOptions};
-use alkblobs_benches::{Lat, Probes, data, header, on_worker, paired, peak_rss_kib, reset_peak_rss, rounds, rss_anon_kib};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use alkblobs_benches::{
+    Lat, Probes, data, header, on_worker, paired, peak_rss_kib, reset_peak_rss, rounds,
+    rss_anon_kib,
+};
 use bytes::Bytes;
 use rusqlite::Connection;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 fn value(i: u64) -> Vec<u8> {
     // Small, distinct values: the pool is about keys, not bytes.
@@ -27,11 +29,18 @@ fn value(i: u64) -> Vec<u8> {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let dir = alkblobs_benches::scratch();
     let mut probes = Probes::default();
     probes.take("start", dir.path());
-    let n: u64 = std::env::var("ALKBLOBS_BENCH_GC_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let n: u64 = std::env::var("ALKBLOBS_BENCH_GC_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
     let dead_every = 10;
     let ours = dir.path().join("ours.sqlite");
     let theirs = dir.path().join("theirs.sqlite");
@@ -39,7 +48,9 @@ fn main() {
     // Build the pool once through the store, then copy it for the baseline.
     let t = Instant::now();
     let (dead_keys, dead_vals) = {
-        let engine = rt.block_on(SqliteBackend::open(&ours, SqliteOptions::default())).unwrap();
+        let engine = rt
+            .block_on(SqliteBackend::open(&ours, SqliteOptions::default()))
+            .unwrap();
         let store = Store::builder().kv(engine).kv_only().build().unwrap();
         let (mut dk, mut dv) = (Vec::new(), Vec::new());
         for start in (0..n).step_by(10_000) {
@@ -64,18 +75,32 @@ fn main() {
     };
     {
         let c = Connection::open(&ours).unwrap();
-        let _: (i64, i64, i64) = c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap();
+        let _: (i64, i64, i64) = c
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap();
     }
     std::fs::copy(&ours, &theirs).unwrap();
-    println!("built a {n}-entry pool ({} dead) in {:.1?}", dead_keys.len(), t.elapsed());
+    println!(
+        "built a {n}-entry pool ({} dead) in {:.1?}",
+        dead_keys.len(),
+        t.elapsed()
+    );
 
-    let engine = rt.block_on(SqliteBackend::open(&ours, SqliteOptions::default())).unwrap();
+    let engine = rt
+        .block_on(SqliteBackend::open(&ours, SqliteOptions::default()))
+        .unwrap();
     let store = Store::builder().kv(engine).kv_only().build().unwrap();
     let raw = Connection::open(&theirs).unwrap();
-    let _: String = raw.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).unwrap();
+    let _: String = raw
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .unwrap();
     raw.pragma_update(None, "synchronous", "FULL").unwrap();
 
-    header(&format!("sweep of {n} entries, 10% dead, window 0 (sqlite, durable)"));
+    header(&format!(
+        "sweep of {n} entries, 10% dead, window 0 (sqlite, durable)"
+    ));
     let mut rss = Vec::new();
     let anon_peak = Arc::new(AtomicU64::new(0));
     let mut anon_before = 0;
@@ -92,7 +117,9 @@ fn main() {
         let report = lat.time(|| rt.block_on(store.sweep(opts)).unwrap());
         rss.push((before, peak_rss_kib()));
         assert_eq!(report.deleted as usize, dead_keys.len(), "{report:?}");
-        rt.block_on(store.put_many(dead_vals.clone())).map(drop).unwrap();
+        rt.block_on(store.put_many(dead_vals.clone()))
+            .map(drop)
+            .unwrap();
         (n, 0)
     };
     let mut b = |lat: &mut Lat| {
@@ -110,20 +137,39 @@ fn main() {
         assert_eq!(deleted, dead_keys.len());
         let tx = raw.unchecked_transaction().unwrap();
         {
-            let mut vid: i64 = tx.query_row("SELECT coalesce(max(vid), 0) + 1 FROM vals", [], |r| r.get(0)).unwrap();
-            let mut e = tx.prepare("INSERT INTO entries (key, size, vid) VALUES (?1, ?2, ?3)").unwrap();
-            let mut v = tx.prepare("INSERT INTO vals (vid, value) VALUES (?1, ?2)").unwrap();
-            for (k, val) in dead_keys.iter().zip(&dead_vals) {
-                e.execute(rusqlite::params![k.as_bytes().as_slice(), val.len() as i64, vid]).unwrap();
+            let first_vid: i64 = tx
+                .query_row("SELECT coalesce(max(vid), 0) + 1 FROM vals", [], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            let mut e = tx
+                .prepare("INSERT INTO entries (key, size, vid) VALUES (?1, ?2, ?3)")
+                .unwrap();
+            let mut v = tx
+                .prepare("INSERT INTO vals (vid, value) VALUES (?1, ?2)")
+                .unwrap();
+            for ((k, val), vid) in dead_keys.iter().zip(&dead_vals).zip(first_vid..) {
+                e.execute(rusqlite::params![
+                    k.as_bytes().as_slice(),
+                    val.len() as i64,
+                    vid
+                ])
+                .unwrap();
                 v.execute(rusqlite::params![vid, val]).unwrap();
-                vid += 1;
             }
         }
         tx.commit().unwrap();
         (n, 0)
     };
     let r = rounds(5);
-    paired("sweep (mark 1M, stage + execute 100k)", "Store::sweep", "anti-join DELETE", r, &mut a, &mut b);
+    paired(
+        "sweep (mark 1M, stage + execute 100k)",
+        "Store::sweep",
+        "anti-join DELETE",
+        r,
+        &mut a,
+        &mut b,
+    );
     let rss_sweep: Vec<u64> = rss.iter().map(|(b, a)| a.saturating_sub(*b)).collect();
     println!(
         "peak RSS growth during a sweep: {} KiB, incl. memory-mapped database pages (max over rounds; process peak {} MiB); anonymous memory: {} KiB before, {} KiB peak during",
@@ -165,7 +211,14 @@ fn main() {
             .collect();
         (on_worker(&rt, lat, ops), 60 * 4096)
     };
-    paired("put 4 KiB", "Store::put (pinned)", "hash + engine put (no pins)", rounds(16), &mut a, &mut b);
+    paired(
+        "put 4 KiB",
+        "Store::put (pinned)",
+        "hash + engine put (no pins)",
+        rounds(16),
+        &mut a,
+        &mut b,
+    );
     probes.take("end", dir.path());
     probes.verdict();
 }

@@ -15,8 +15,14 @@ use rusqlite::Connection;
 
 fn raw(path: &Path, durability: Durability) -> Connection {
     let c = Connection::open(path).unwrap();
-    let _: String = c.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)).unwrap();
-    let sync = if durability == Durability::Durable { "FULL" } else { "NORMAL" };
+    let _: String = c
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .unwrap();
+    let sync = if durability == Durability::Durable {
+        "FULL"
+    } else {
+        "NORMAL"
+    };
     c.pragma_update(None, "synchronous", sync).unwrap();
     c.execute_batch("CREATE TABLE IF NOT EXISTS blobs (id INTEGER PRIMARY KEY, key BLOB NOT NULL UNIQUE, value BLOB NOT NULL)")
         .unwrap();
@@ -24,7 +30,11 @@ fn raw(path: &Path, durability: Durability) -> Connection {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let dir = alkblobs_benches::scratch();
     let mut probes = Probes::default();
     probes.take("start", dir.path());
@@ -36,16 +46,30 @@ fn main() {
     };
 
     for durability in [Durability::Durable, Durability::Relaxed] {
-        let tag = if durability == Durability::Durable { "durable (FULL)" } else { "relaxed (NORMAL)" };
+        let tag = if durability == Durability::Durable {
+            "durable (FULL)"
+        } else {
+            "relaxed (NORMAL)"
+        };
         header(&format!("sqlite kv, {tag}"));
         let sub = dir.path().join(format!("{durability:?}"));
         std::fs::create_dir_all(&sub).unwrap();
         let engine = rt
-            .block_on(SqliteBackend::open(sub.join("alkblobs.sqlite"), SqliteOptions { durability, ..SqliteOptions::default() }))
+            .block_on(SqliteBackend::open(
+                sub.join("alkblobs.sqlite"),
+                SqliteOptions {
+                    durability,
+                    ..SqliteOptions::default()
+                },
+            ))
             .unwrap();
         let store = Store::builder().kv(engine).kv_only().build().unwrap();
         let conn = raw(&sub.join("raw.sqlite"), durability);
-        let per_block = if durability == Durability::Durable { 60 } else { 400 };
+        let per_block = if durability == Durability::Durable {
+            60
+        } else {
+            400
+        };
 
         // put 4 KiB, one transaction per put.
         let mut a = |lat: &mut Lat| {
@@ -66,9 +90,14 @@ fn main() {
                     (Key::of(&v), v)
                 })
                 .collect();
-            let mut stmt = conn.prepare_cached("INSERT INTO blobs (key, value) VALUES (?1, ?2)").unwrap();
+            let mut stmt = conn
+                .prepare_cached("INSERT INTO blobs (key, value) VALUES (?1, ?2)")
+                .unwrap();
             for (k, v) in vals {
-                lat.time(|| stmt.execute(rusqlite::params![k.as_bytes().as_slice(), v]).unwrap());
+                lat.time(|| {
+                    stmt.execute(rusqlite::params![k.as_bytes().as_slice(), v])
+                        .unwrap()
+                });
             }
             (per_block, per_block * 4096)
         };
@@ -76,7 +105,8 @@ fn main() {
 
         // put_many 10,000 x 1 KiB in one transaction.
         let mut a = |lat: &mut Lat| {
-            let (s, vals): (Store, Vec<Vec<u8>>) = (store.clone(), (0..10_000).map(|_| next(1024)).collect());
+            let (s, vals): (Store, Vec<Vec<u8>>) =
+                (store.clone(), (0..10_000).map(|_| next(1024)).collect());
             let op = move || async move { drop(s.put_many(vals).await.unwrap()) };
             on_worker(&rt, lat, vec![op]);
             (10_000, 10_000 * 1024)
@@ -92,21 +122,37 @@ fn main() {
             lat.time(|| {
                 let tx = conn.unchecked_transaction().unwrap();
                 {
-                    let mut stmt = tx.prepare_cached("INSERT INTO blobs (key, value) VALUES (?1, ?2)").unwrap();
+                    let mut stmt = tx
+                        .prepare_cached("INSERT INTO blobs (key, value) VALUES (?1, ?2)")
+                        .unwrap();
                     for (k, v) in &vals {
-                        stmt.execute(rusqlite::params![k.as_bytes().as_slice(), v]).unwrap();
+                        stmt.execute(rusqlite::params![k.as_bytes().as_slice(), v])
+                            .unwrap();
                     }
                 }
                 tx.commit().unwrap();
             });
             (10_000, 10_000 * 1024)
         };
-        paired("put_many 10k × 1 KiB", "Store::put_many", "INSERT ×10k in 1 tx", r, &mut a, &mut b);
+        paired(
+            "put_many 10k × 1 KiB",
+            "Store::put_many",
+            "INSERT ×10k in 1 tx",
+            r,
+            &mut a,
+            &mut b,
+        );
 
         // get 4 KiB from 2,000 keys, each side in a fresh, checkpointed
         // database (so neither pays for the other's write history).
         let engine = rt
-            .block_on(SqliteBackend::open(sub.join("get.sqlite"), SqliteOptions { durability, ..SqliteOptions::default() }))
+            .block_on(SqliteBackend::open(
+                sub.join("get.sqlite"),
+                SqliteOptions {
+                    durability,
+                    ..SqliteOptions::default()
+                },
+            ))
             .unwrap();
         let store = Store::builder().kv(engine).kv_only().build().unwrap();
         let conn = raw(&sub.join("raw-get.sqlite"), durability);
@@ -115,14 +161,21 @@ fn main() {
                 let v = next(4096);
                 let k = Key::of(&v);
                 let _ = rt.block_on(store.put(v.clone())).unwrap();
-                conn.execute("INSERT INTO blobs (key, value) VALUES (?1, ?2)", rusqlite::params![k.as_bytes().as_slice(), v])
-                    .unwrap();
+                conn.execute(
+                    "INSERT INTO blobs (key, value) VALUES (?1, ?2)",
+                    rusqlite::params![k.as_bytes().as_slice(), v],
+                )
+                .unwrap();
                 k
             })
             .collect();
         for db in ["get.sqlite", "raw-get.sqlite"] {
             let c = Connection::open(sub.join(db)).unwrap();
-            let _: (i64, i64, i64) = c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap();
+            let _: (i64, i64, i64) = c
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .unwrap();
         }
         let mut i = 0usize;
         let mut a = |lat: &mut Lat| {
@@ -137,12 +190,16 @@ fn main() {
         };
         let mut j = 0usize;
         let mut b = |lat: &mut Lat| {
-            let mut stmt = conn.prepare_cached("SELECT value FROM blobs WHERE key = ?1").unwrap();
+            let mut stmt = conn
+                .prepare_cached("SELECT value FROM blobs WHERE key = ?1")
+                .unwrap();
             for _ in 0..2000 {
                 j = (j * 7919 + 13) % keys.len();
                 let k = keys[j];
                 lat.time(|| {
-                    let v: Vec<u8> = stmt.query_row([k.as_bytes().as_slice()], |r| r.get(0)).unwrap();
+                    let v: Vec<u8> = stmt
+                        .query_row([k.as_bytes().as_slice()], |r| r.get(0))
+                        .unwrap();
                     assert_eq!(v.len(), 4096);
                 });
             }

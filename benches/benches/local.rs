@@ -23,16 +23,25 @@ fn raw_put(dir: &std::path::Path, name: &str, bytes: &[u8]) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let dir = alkblobs_benches::scratch();
     let mut probes = Probes::default();
     probes.take("start", dir.path());
-    let store = rt.block_on(Store::open_dir(dir.path().join("store"))).unwrap();
+    let store = rt
+        .block_on(Store::open_dir(dir.path().join("store")))
+        .unwrap();
     let raw_dir = dir.path().join("raw");
     std::fs::create_dir_all(&raw_dir).unwrap();
     header("local large tier, durable");
 
-    for (size, per_block, r) in [(1usize << 20, 24u64, rounds(16)), (256usize << 20, 1, rounds(10).min(10))] {
+    for (size, per_block, r) in [
+        (1usize << 20, 24u64, rounds(16)),
+        (256usize << 20, 1, rounds(10).min(10)),
+    ] {
         let label = if size == 1 << 20 { "1 MiB" } else { "256 MiB" };
         // Distinct content per operation (else puts dedup): a base buffer
         // whose first 8 bytes are a counter. Copies happen outside timing.
@@ -69,7 +78,14 @@ fn main() {
             }
             (per_block, per_block * size as u64)
         };
-        paired(&format!("put {label}"), "Store::put", "write+fsync+rename+dirfsync", r, &mut a, &mut b);
+        paired(
+            &format!("put {label}"),
+            "Store::put",
+            "write+fsync+rename+dirfsync",
+            r,
+            &mut a,
+            &mut b,
+        );
 
         // Reads of one committed blob, page cache warm on both sides.
         let v = fresh();
@@ -79,12 +95,15 @@ fn main() {
         raw_put(&raw_dir, "read-me", &v);
         let reads = if size == 1 << 20 { 256 } else { 2 };
         let mut a = |lat: &mut Lat| {
-            let ops: Vec<_> = (0..reads)
-                .map(|_| {
-                    let s = store.clone();
-                    move || async move { assert_eq!(s.get(&key).await.unwrap().unwrap().len(), size) }
-                })
-                .collect();
+            let ops: Vec<_> =
+                (0..reads)
+                    .map(|_| {
+                        let s = store.clone();
+                        move || async move {
+                            assert_eq!(s.get(&key).await.unwrap().unwrap().len(), size)
+                        }
+                    })
+                    .collect();
             (on_worker(&rt, lat, ops), reads * size as u64)
         };
         let path = raw_dir.join("read-me");
@@ -94,7 +113,14 @@ fn main() {
             }
             (reads, reads * size as u64)
         };
-        paired(&format!("get {label}"), "Store::get", "fs::read", r.max(8), &mut a, &mut b);
+        paired(
+            &format!("get {label}"),
+            "Store::get",
+            "fs::read",
+            r.max(8),
+            &mut a,
+            &mut b,
+        );
         probes.take(&format!("after {label}"), dir.path());
     }
     probes.verdict();

@@ -2,28 +2,51 @@
 //! from the sqlite engine and the local engine, interleaved, per size. The
 //! ratio is sqlite throughput over local throughput: above 1, kv wins.
 
+use alkblobs::Key;
 use alkblobs::backend::Backend;
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
-use alkblobs::Key;
 use alkblobs_benches::{Lat, Probes, data, header, on_worker, paired, rounds};
 use bytes::Bytes;
 use std::sync::Arc;
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let dir = alkblobs_benches::scratch();
     let mut probes = Probes::default();
     probes.take("start", dir.path());
-    let kv: Arc<dyn Backend> = Arc::new(rt.block_on(SqliteBackend::open(dir.path().join("kv.sqlite"), SqliteOptions::default())).unwrap());
-    let large: Arc<dyn Backend> = Arc::new(rt.block_on(LocalBackend::open(dir.path().join("large"), LocalOptions::default())).unwrap());
+    let kv: Arc<dyn Backend> = Arc::new(
+        rt.block_on(SqliteBackend::open(
+            dir.path().join("kv.sqlite"),
+            SqliteOptions::default(),
+        ))
+        .unwrap(),
+    );
+    let large: Arc<dyn Backend> = Arc::new(
+        rt.block_on(LocalBackend::open(
+            dir.path().join("large"),
+            LocalOptions::default(),
+        ))
+        .unwrap(),
+    );
     let r = rounds(8);
     let mut seed = 0u64;
     header("kv (sqlite) vs large (local), durable: ratio = sqlite / local");
-    for size in [4usize << 10, 16 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20] {
+    for size in [
+        4usize << 10,
+        16 << 10,
+        64 << 10,
+        128 << 10,
+        256 << 10,
+        1 << 20,
+    ] {
         let label = format!("{} KiB", size >> 10);
         let per_block = 20u64;
-        let mut put_block = |engine: &Arc<dyn Backend>, lat: &mut Lat| {
+        let put_block = |engine: &Arc<dyn Backend>, lat: &mut Lat| {
             let ops: Vec<_> = (0..per_block)
                 .map(|_| {
                     seed += 1;
@@ -63,7 +86,14 @@ fn main() {
                 .collect();
             (on_worker(&rt, lat, ops), 400 * size as u64)
         };
-        paired(&format!("get {label}"), "sqlite", "local", r, &mut |lat| get_block(&kv, lat), &mut |lat| get_block(&large, lat));
+        paired(
+            &format!("get {label}"),
+            "sqlite",
+            "local",
+            r,
+            &mut |lat| get_block(&kv, lat),
+            &mut |lat| get_block(&large, lat),
+        );
     }
     probes.take("end", dir.path());
     probes.verdict();

@@ -77,7 +77,11 @@ fn median(v: &mut [f64]) -> f64 {
     if n == 0 {
         return 0.0;
     }
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// A block: runs some operations, timing each with `lat`, returns
@@ -86,9 +90,17 @@ pub type Block<'a> = dyn FnMut(&mut Lat) -> (u64, u64) + 'a;
 
 /// Runs A and B interleaved for `rounds` rounds (alternating which goes
 /// first) and prints and records the result.
-pub fn paired(scenario: &str, a_label: &str, b_label: &str, rounds: usize, a: &mut Block<'_>, b: &mut Block<'_>) -> PairResult {
+pub fn paired(
+    scenario: &str,
+    a_label: &str,
+    b_label: &str,
+    rounds: usize,
+    a: &mut Block<'_>,
+    b: &mut Block<'_>,
+) -> PairResult {
     let (mut la, mut lb) = (Lat::new(), Lat::new());
-    let (mut ratios, mut a_ops, mut b_ops, mut a_mb, mut b_mb) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut ratios, mut a_ops, mut b_ops, mut a_mb, mut b_mb) =
+        (vec![], vec![], vec![], vec![], vec![]);
     // One warm-up block each, discarded.
     let _ = a(&mut Lat::new());
     let _ = b(&mut Lat::new());
@@ -125,7 +137,12 @@ pub fn paired(scenario: &str, a_label: &str, b_label: &str, rounds: usize, a: &m
         b_ops_per_s: median(&mut b_ops),
         a_mb_per_s: median(&mut a_mb),
         b_mb_per_s: median(&mut b_mb),
-        lat_us: [us(&la.hist, 0.5), us(&la.hist, 0.99), us(&lb.hist, 0.5), us(&lb.hist, 0.99)],
+        lat_us: [
+            us(&la.hist, 0.5),
+            us(&la.hist, 0.99),
+            us(&lb.hist, 0.5),
+            us(&lb.hist, 0.99),
+        ],
     };
     report(&r);
     r
@@ -180,7 +197,11 @@ pub fn report(r: &PairResult) {
     );
     let out = workspace_target().join("bench");
     let _ = std::fs::create_dir_all(&out);
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(out.join("results.jsonl")) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out.join("results.jsonl"))
+    {
         let _ = writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default());
     }
 }
@@ -188,7 +209,9 @@ pub fn report(r: &PairResult) {
 /// Prints the table header.
 pub fn header(title: &str) {
     println!("\n### {title}\n");
-    println!("| scenario | alkblobs | baseline | ratio | spread | p50/p99 µs (alkblobs) | p50/p99 µs (baseline) |");
+    println!(
+        "| scenario | alkblobs | baseline | ratio | spread | p50/p99 µs (alkblobs) | p50/p99 µs (baseline) |"
+    );
     println!("|---|---|---|---|---|---|---|");
 }
 
@@ -238,7 +261,10 @@ impl Probes {
     /// Takes a probe labelled `when`.
     pub fn take(&mut self, when: &str, dir: &std::path::Path) {
         let p = probe(dir);
-        println!("probe {when}: fdatasync 4 KiB p50 {:.0} µs, BLAKE3 64 KiB {:.2} GiB/s", p.fsync_us, p.blake3_gib_s);
+        println!(
+            "probe {when}: fdatasync 4 KiB p50 {:.0} µs, BLAKE3 64 KiB {:.2} GiB/s",
+            p.fsync_us, p.blake3_gib_s
+        );
         self.0.push((when.into(), p));
     }
 
@@ -252,7 +278,11 @@ impl Probes {
             max / min
         };
         let (sf, sh) = (spread(&f), spread(&h));
-        let flag = if sf > 2.0 || sh > 2.0 { "DRIFTED (>2x): treat ratios with care" } else { "stable (<2x)" };
+        let flag = if sf > 2.0 || sh > 2.0 {
+            "DRIFTED (>2x): treat ratios with care"
+        } else {
+            "stable (<2x)"
+        };
         println!("\nprobe drift: fsync {sf:.2}x, blake3 {sh:.2}x — {flag}");
     }
 }
@@ -260,7 +290,10 @@ impl Probes {
 /// Deterministic incompressible bytes.
 pub fn data(seed: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
-    blake3::Hasher::new().update(&seed.to_le_bytes()).finalize_xof().fill(&mut out);
+    blake3::Hasher::new()
+        .update(&seed.to_le_bytes())
+        .finalize_xof()
+        .fill(&mut out);
     out
 }
 
@@ -311,5 +344,8 @@ pub fn scratch() -> tempfile::TempDir {
 
 /// Rounds from `ALKBLOBS_BENCH_ROUNDS`, else `default`.
 pub fn rounds(default: usize) -> usize {
-    std::env::var("ALKBLOBS_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("ALKBLOBS_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }

@@ -23,7 +23,9 @@ pub enum Error {
         key: Key,
     },
     /// Bytes offered under a key do not hash to it.
-    #[error("hash mismatch: the bytes hash to {actual}, not to the claimed key {expected}; nothing was stored")]
+    #[error(
+        "hash mismatch: the bytes hash to {actual}, not to the claimed key {expected}; nothing was stored"
+    )]
     HashMismatch {
         /// The key the caller claimed.
         expected: Key,
@@ -31,7 +33,9 @@ pub enum Error {
         actual: Key,
     },
     /// Stored content no longer matches its key (bit rot, tampering, a torn file).
-    #[error("blob {key} in {engine} is corrupt ({detail}); restore it with a verified put of the original bytes")]
+    #[error(
+        "blob {key} in {engine} is corrupt ({detail}); restore it with a verified put of the original bytes"
+    )]
     Corrupt {
         /// The damaged entry.
         key: Key,
@@ -41,7 +45,9 @@ pub enum Error {
         detail: String,
     },
     /// A put over the kv threshold on a store with no large tier.
-    #[error("blob of {size} bytes is over the kv threshold of {threshold} bytes and this store is kv-only (no large tier); configure a large tier or route large content to a storage node")]
+    #[error(
+        "blob of {size} bytes is over the kv threshold of {threshold} bytes and this store is kv-only (no large tier); configure a large tier or route large content to a storage node"
+    )]
     TooLarge {
         /// Size of the refused blob.
         size: u64,

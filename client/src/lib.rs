@@ -27,10 +27,10 @@ mod error;
 mod key;
 pub mod store;
 
+pub use backend::StagedRow;
 pub use backend::{Backend, BackendExt, Durability, OpenMode, PutOutcome};
 pub use error::{BoxError, Error, Result};
 pub use key::{KEY_LEN, Key, KeyError};
-pub use backend::StagedRow;
 pub use store::{
     CorruptEntry, DirOptions, EntryMeta, PinGuard, Put, PutInfo, PutMany, Store, StoreBuilder,
     Tier, TierUsage, Usage, VerifyProgress, VerifyReport,

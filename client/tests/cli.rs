@@ -42,7 +42,9 @@ fn put_get_stat_ls_usage_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     std::fs::write(d.join("small.txt"), b"hello alkblobs\n").unwrap();
-    let big: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let big: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(d.join("big.bin"), &big).unwrap();
 
     let out = ok(d, &["put", "small.txt", "big.bin"]);
@@ -53,11 +55,13 @@ fn put_get_stat_ls_usage_round_trip() {
     ok(d, &["get", keys[1], "-o", "copy.bin"]);
     assert_eq!(std::fs::read(d.join("copy.bin")).unwrap(), big);
 
-    let stat: serde_json::Value = serde_json::from_str(&ok(d, &["--json", "stat", keys[1]])).unwrap();
+    let stat: serde_json::Value =
+        serde_json::from_str(&ok(d, &["--json", "stat", keys[1]])).unwrap();
     assert_eq!(stat["key"], keys[1]);
     assert_eq!(stat["size"], 300_000);
     assert_eq!(stat["tier"], "large");
-    let stat: serde_json::Value = serde_json::from_str(&ok(d, &["stat", keys[0], "--json"])).unwrap();
+    let stat: serde_json::Value =
+        serde_json::from_str(&ok(d, &["stat", keys[0], "--json"])).unwrap();
     assert_eq!(stat["tier"], "kv");
 
     let mut want: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
@@ -87,7 +91,11 @@ fn bad_input_gets_one_line_errors_and_meaningful_codes() {
     let o = run(d, &["get", "not-a-key"]);
     assert_eq!(code(&o), 2);
     assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
-    assert!(stderr(&o).starts_with("alkblobs: error: invalid key"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("alkblobs: error: invalid key"),
+        "{}",
+        stderr(&o)
+    );
 
     let missing = "0".repeat(64);
     let o = run(d, &["get", &missing]);
@@ -123,7 +131,11 @@ fn verify_names_every_corrupt_key_and_exits_4() {
 
     let o = run(d, &["verify"]);
     assert_eq!(code(&o), 4);
-    assert!(stdout(&o).contains(&format!("corrupt  {key}")), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains(&format!("corrupt  {key}")),
+        "{}",
+        stdout(&o)
+    );
     let o = run(d, &["verify", "--json"]);
     assert_eq!(code(&o), 4);
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -146,29 +158,55 @@ fn gc_collects_unrooted_content_and_keeps_roots() {
     let ka = ok(d, &["put", "--root", "a"]).trim().to_owned();
     let kb = ok(d, &["put", "b"]).trim().to_owned();
     let kc = ok(d, &["put", "c"]).trim().to_owned();
-    std::fs::write(d.join("extra-roots"), format!("# kept for this run\n{kc}\n")).unwrap();
+    std::fs::write(
+        d.join("extra-roots"),
+        format!("# kept for this run\n{kc}\n"),
+    )
+    .unwrap();
 
     // Dry run changes nothing.
-    let report: serde_json::Value =
-        serde_json::from_str(&ok(d, &["gc", "--dry-run", "--window", "0s", "--roots", "extra-roots", "--json"])).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(
+        d,
+        &[
+            "gc",
+            "--dry-run",
+            "--window",
+            "0s",
+            "--roots",
+            "extra-roots",
+            "--json",
+        ],
+    ))
+    .unwrap();
     assert_eq!(report["staged"], 1);
     assert_eq!(report["deleted"], 0);
     assert_eq!(ok(d, &["ls"]).lines().count(), 3);
 
     // A window: the first run stages, nothing is deleted yet.
-    let report: serde_json::Value = serde_json::from_str(&ok(d, &["gc", "--window", "1h", "--json"])).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(d, &["gc", "--window", "1h", "--json"])).unwrap();
     assert_eq!(report["staged"], 2, "{report}");
     assert_eq!(report["deleted"], 0);
     let staged = ok(d, &["staged"]);
-    assert!(staged.contains(&kb) && staged.contains(&kc) && staged.contains("due in"), "{staged}");
-    let status: serde_json::Value = serde_json::from_str(&ok(d, &["gc", "--status", "--json"])).unwrap();
+    assert!(
+        staged.contains(&kb) && staged.contains(&kc) && staged.contains("due in"),
+        "{staged}"
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(d, &["gc", "--status", "--json"])).unwrap();
     assert_eq!(status.as_array().unwrap().len(), 2);
 
     // Window zero collects in one run; the extra roots file protects c.
-    let report: serde_json::Value =
-        serde_json::from_str(&ok(d, &["gc", "--window", "0s", "--roots", "extra-roots", "--json"])).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(
+        d,
+        &["gc", "--window", "0s", "--roots", "extra-roots", "--json"],
+    ))
+    .unwrap();
     for field in ["examined", "staged", "deleted", "bytes_freed", "aborted"] {
-        assert!(report.get(field).is_some(), "report lacks {field}: {report}");
+        assert!(
+            report.get(field).is_some(),
+            "report lacks {field}: {report}"
+        );
     }
     assert_eq!(report["examined"], 3);
     assert_eq!(report["aborted"], serde_json::Value::Null);
@@ -195,11 +233,21 @@ fn a_second_writer_is_told_who_holds_the_store() {
     ok(d, &["put", "a"]);
     // Hold the instance lock from this process.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let store = rt.block_on(alkblobs::Store::open_dir(d.join("data"))).unwrap();
+    let store = rt
+        .block_on(alkblobs::Store::open_dir(d.join("data")))
+        .unwrap();
     let o = run(d, &["put", "a"]);
     assert_eq!(code(&o), 5);
-    assert!(stderr(&o).contains("in use by another process"), "{}", stderr(&o));
-    assert!(stderr(&o).contains(&format!("pid {}", std::process::id())), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("in use by another process"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains(&format!("pid {}", std::process::id())),
+        "{}",
+        stderr(&o)
+    );
     // Readers need no lock.
     assert_eq!(ok(d, &["ls"]).lines().count(), 1);
     drop(store);

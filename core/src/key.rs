@@ -162,20 +162,41 @@ mod tests {
 
     #[test]
     fn malformed_keys_are_typed_errors() {
-        assert!(matches!(Key::parse(""), Err(KeyError::HexLength { len: 0, .. })));
-        assert!(matches!(Key::parse(&"a".repeat(63)), Err(KeyError::HexLength { len: 63, .. })));
+        assert!(matches!(
+            Key::parse(""),
+            Err(KeyError::HexLength { len: 0, .. })
+        ));
+        assert!(matches!(
+            Key::parse(&"a".repeat(63)),
+            Err(KeyError::HexLength { len: 63, .. })
+        ));
         let upper = "AF1349B9F5F9A1A6A0404DEA36DCC9499BCB25C9ADC112B7CC9A93CAE41F3262";
         assert_eq!(
             Key::parse(upper),
-            Err(KeyError::NotHex { found: 'A', position: 0 })
+            Err(KeyError::NotHex {
+                found: 'A',
+                position: 0
+            })
         );
         let mut s = "0".repeat(64);
         s.replace_range(10..11, "g");
-        assert_eq!(Key::parse(&s), Err(KeyError::NotHex { found: 'g', position: 10 }));
+        assert_eq!(
+            Key::parse(&s),
+            Err(KeyError::NotHex {
+                found: 'g',
+                position: 10
+            })
+        );
         // Multi-byte characters must not be mistaken for the right length.
         let tricky = format!("{}é", "0".repeat(62));
-        assert!(matches!(Key::parse(&tricky), Err(KeyError::HexLength { .. })));
-        assert!(matches!(Key::parse("../../etc/passwd"), Err(KeyError::HexLength { .. })));
+        assert!(matches!(
+            Key::parse(&tricky),
+            Err(KeyError::HexLength { .. })
+        ));
+        assert!(matches!(
+            Key::parse("../../etc/passwd"),
+            Err(KeyError::HexLength { .. })
+        ));
         assert_eq!(Key::from_slice(&[0u8; 31]), Err(KeyError::ByteLength(31)));
     }
 

@@ -45,7 +45,10 @@ mod tests {
         assert!(p.components().all(|c| matches!(c, Component::Normal(_))));
         assert_eq!(shard_dir(&k), "af");
         let all: Vec<String> = all_shards().collect();
-        assert_eq!((all.len(), all[0].as_str(), all[255].as_str()), (256, "00", "ff"));
+        assert_eq!(
+            (all.len(), all[0].as_str(), all[255].as_str()),
+            (256, "00", "ff")
+        );
         assert!(all.windows(2).all(|w| w[0] < w[1]));
     }
 }

@@ -56,7 +56,11 @@ fn sizes(caps: Caps) -> Vec<usize> {
 
 async fn put_new(e: &Arc<dyn Backend>, value: Vec<u8>) -> Key {
     let key = Key::of(&value);
-    assert_eq!(e.put(&key, Bytes::from(value)).await.unwrap(), PutOutcome::Created, "{e}");
+    assert_eq!(
+        e.put(&key, Bytes::from(value)).await.unwrap(),
+        PutOutcome::Created,
+        "{e}"
+    );
     key
 }
 
@@ -66,7 +70,11 @@ pub async fn round_trips(e: &Arc<dyn Backend>, caps: Caps) {
         let value = data(i as u64, size);
         let key = put_new(e, value.clone()).await;
         assert!(e.has(&key).await.unwrap());
-        assert_eq!(e.size(&key).await.unwrap(), Some(size as u64), "size of {size}");
+        assert_eq!(
+            e.size(&key).await.unwrap(),
+            Some(size as u64),
+            "size of {size}"
+        );
         let got = e.get(&key).await.unwrap().expect("present");
         assert_eq!(got.len(), size);
         assert!(got == value, "content of a {size}-byte value differs");
@@ -119,11 +127,16 @@ pub async fn ranges_at_edges(e: &Arc<dyn Backend>, caps: Caps) {
     assert_eq!(r(0, 0).await.unwrap().unwrap().len(), 0);
     assert_eq!(r(0, 10).await.unwrap().unwrap(), value[..10]);
     assert_eq!(r(5, 100).await.unwrap().unwrap(), value[5..105]);
-    assert_eq!(r(size as u64 - 3, 100).await.unwrap().unwrap(), value[size - 3..]);
+    assert_eq!(
+        r(size as u64 - 3, 100).await.unwrap().unwrap(),
+        value[size - 3..]
+    );
     assert_eq!(r(size as u64, 100).await.unwrap().unwrap().len(), 0);
     assert_eq!(r(0, u64::MAX).await.unwrap().unwrap(), value);
     match r(size as u64 + 1, 1).await {
-        Err(Error::InvalidRange { offset, size: s, .. }) => {
+        Err(Error::InvalidRange {
+            offset, size: s, ..
+        }) => {
             assert_eq!((offset, s), (size as u64 + 1, size as u64));
         }
         other => panic!("expected InvalidRange, got {other:?}"),
@@ -241,10 +254,22 @@ pub async fn batches(e: &Arc<dyn Backend>, _caps: Caps) {
             (Key::of(&v), Bytes::from(v))
         })
         .collect();
-    assert!(e.put_many(&items[..25]).await.unwrap().iter().all(|o| *o == PutOutcome::Created));
+    assert!(
+        e.put_many(&items[..25])
+            .await
+            .unwrap()
+            .iter()
+            .all(|o| *o == PutOutcome::Created)
+    );
     let out = e.put_many(&items).await.unwrap();
-    assert_eq!(out.iter().filter(|o| **o == PutOutcome::Existed).count(), 25);
-    assert_eq!(out.iter().filter(|o| **o == PutOutcome::Created).count(), 25);
+    assert_eq!(
+        out.iter().filter(|o| **o == PutOutcome::Existed).count(),
+        25
+    );
+    assert_eq!(
+        out.iter().filter(|o| **o == PutOutcome::Created).count(),
+        25
+    );
     let mut keys: Vec<Key> = items.iter().map(|(k, _)| *k).collect();
     keys.push(absent_key("batch"));
     let freed = e.delete_many(&keys).await.unwrap();
@@ -282,8 +307,12 @@ pub async fn model_sequence(e: &Arc<dyn Backend>, caps: Caps) {
         (any::<u8>(), 0..max).prop_map(|(s, l)| Op::Put(s % 16, l)),
         (any::<u8>(), 0..max).prop_map(|(s, l)| Op::Delete(s % 16, l)),
         (any::<u8>(), 0..max).prop_map(|(s, l)| Op::Get(s % 16, l)),
-        (any::<u8>(), 0..max, any::<u32>(), any::<u32>())
-            .prop_map(|(s, l, o, n)| Op::Range(s % 16, l, o % 30_000, n % 30_000)),
+        (any::<u8>(), 0..max, any::<u32>(), any::<u32>()).prop_map(|(s, l, o, n)| Op::Range(
+            s % 16,
+            l,
+            o % 30_000,
+            n % 30_000
+        )),
         Just(Op::List),
     ];
     let mut runner = TestRunner::new(Config {
@@ -347,7 +376,8 @@ pub async fn model_sequence(e: &Arc<dyn Backend>, caps: Caps) {
                                             return Err("range differs from model".into());
                                         }
                                     }
-                                    (Some(v), Err(Error::InvalidRange { .. })) if o as usize > v.len() => {}
+                                    (Some(v), Err(Error::InvalidRange { .. }))
+                                        if o as usize > v.len() => {}
                                     (m, g) => {
                                         return Err(format!(
                                             "range: model has {:?} bytes, engine said {g:?}",

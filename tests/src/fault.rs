@@ -37,7 +37,8 @@ impl FaultBackend {
     /// Delays every later write (put, batch, streamed commit) by `d` before
     /// it reaches the inner engine: a put stays in flight that long.
     pub fn delay_writes(&self, d: std::time::Duration) {
-        self.write_delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+        self.write_delay_ms
+            .store(d.as_millis() as u64, Ordering::SeqCst);
     }
 
     async fn write_delay(&self) {
@@ -50,19 +51,24 @@ impl FaultBackend {
     /// Fails the `n`th write from now (1 = the next one); 0 disarms.
     pub fn fail_nth_write(&self, n: u64) {
         let base = self.writes.load(Ordering::SeqCst);
-        self.fail_write.store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+        self.fail_write
+            .store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
     }
 
     /// Fails the `n`th delete call from now (1 = the next one); 0 disarms.
     pub fn fail_nth_delete(&self, n: u64) {
         let base = self.deletes.load(Ordering::SeqCst);
-        self.fail_delete.store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
+        self.fail_delete
+            .store(if n == 0 { 0 } else { base + n }, Ordering::SeqCst);
     }
 
     fn write_fault(&self) -> Result<()> {
         let n = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
         if n == self.fail_write.load(Ordering::SeqCst) {
-            return Err(Error::engine(self, format!("injected failure of write #{n}")));
+            return Err(Error::engine(
+                self,
+                format!("injected failure of write #{n}"),
+            ));
         }
         Ok(())
     }
@@ -70,7 +76,10 @@ impl FaultBackend {
     fn delete_fault(&self) -> Result<()> {
         let n = self.deletes.fetch_add(1, Ordering::SeqCst) + 1;
         if n == self.fail_delete.load(Ordering::SeqCst) {
-            return Err(Error::engine(self, format!("injected failure of delete #{n}")));
+            return Err(Error::engine(
+                self,
+                format!("injected failure of delete #{n}"),
+            ));
         }
         Ok(())
     }

@@ -95,7 +95,10 @@ pub async fn dedup(store: &Store, _cfg: Config) {
     let a = store.put(value.clone()).await.unwrap();
     let b = store.put(value.clone()).await.unwrap();
     assert_eq!(a.key, b.key);
-    assert_eq!((a.outcome, b.outcome), (PutOutcome::Created, PutOutcome::Existed));
+    assert_eq!(
+        (a.outcome, b.outcome),
+        (PutOutcome::Created, PutOutcome::Existed)
+    );
     let keys: Vec<Key> = store.list().try_collect().await.unwrap();
     assert_eq!(keys, vec![a.key]);
 }
@@ -122,9 +125,22 @@ pub async fn ranges_in_both_tiers(store: &Store, cfg: Config) {
         let value = data(30 + i as u64, size);
         let key = store.put(value.clone()).await.unwrap().key;
         let s = size as u64;
-        assert_eq!(store.get_range(&key, 0, 7).await.unwrap().unwrap(), value[..7]);
-        assert_eq!(store.get_range(&key, s - 5, 50).await.unwrap().unwrap(), value[size - 5..]);
-        assert!(store.get_range(&key, s, 1).await.unwrap().unwrap().is_empty());
+        assert_eq!(
+            store.get_range(&key, 0, 7).await.unwrap().unwrap(),
+            value[..7]
+        );
+        assert_eq!(
+            store.get_range(&key, s - 5, 50).await.unwrap().unwrap(),
+            value[size - 5..]
+        );
+        assert!(
+            store
+                .get_range(&key, s, 1)
+                .await
+                .unwrap()
+                .unwrap()
+                .is_empty()
+        );
         assert!(matches!(
             store.get_range(&key, s + 1, 1).await,
             Err(Error::InvalidRange { .. })
@@ -147,7 +163,10 @@ pub async fn streaming_puts(store: &Store, cfg: Config) {
         assert!(!store.has(&Key::of(&big)).await.unwrap());
     } else {
         let put = r.unwrap();
-        assert_eq!((put.key, put.size, put.tier), (Key::of(&big), big.len() as u64, Tier::Large));
+        assert_eq!(
+            (put.key, put.size, put.tier),
+            (Key::of(&big), big.len() as u64, Tier::Large)
+        );
         assert!(store.get(&put.key).await.unwrap().unwrap() == big);
     }
 
@@ -177,7 +196,11 @@ pub async fn missing_input_file(store: &Store, _cfg: Config) {
 /// Verified reads pass on intact content.
 pub async fn verified_reads(store: &Store, cfg: Config) {
     let t = store.threshold() as usize;
-    let sizes = if cfg.kv_only { vec![t] } else { vec![t, t + 2_000_000] };
+    let sizes = if cfg.kv_only {
+        vec![t]
+    } else {
+        vec![t, t + 2_000_000]
+    };
     for (i, size) in sizes.into_iter().enumerate() {
         let value = data(50 + i as u64, size);
         let key = store.put(value.clone()).await.unwrap().key;
@@ -229,7 +252,10 @@ pub async fn batched_puts(store: &Store, cfg: Config) {
     if cfg.kv_only {
         let r = store.put_many(vec![data(1, 10), data(2, t + 1)]).await;
         assert!(matches!(r, Err(Error::TooLarge { .. })));
-        assert!(!store.has(&Key::of(&data(1, 10))).await.unwrap(), "batch is all or nothing");
+        assert!(
+            !store.has(&Key::of(&data(1, 10))).await.unwrap(),
+            "batch is all or nothing"
+        );
     }
 }
 
@@ -282,7 +308,11 @@ pub async fn verify_clean_pool(store: &Store, cfg: Config) {
     let mut n = 0;
     let mut bytes = 0;
     for i in 0..10 {
-        let size = if !cfg.kv_only && i % 3 == 0 { t + 1000 } else { 500 };
+        let size = if !cfg.kv_only && i % 3 == 0 {
+            t + 1000
+        } else {
+            500
+        };
         let _ = store.put(data(110 + i, size)).await.unwrap();
         n += 1;
         bytes += size as u64;
@@ -295,7 +325,11 @@ pub async fn verify_clean_pool(store: &Store, cfg: Config) {
 /// Concurrent puts of one blob through the store: one creates, all get the
 /// same key, the content is intact.
 pub async fn concurrent_puts_of_one_key(store: &Store, cfg: Config) {
-    let size = if cfg.kv_only { 1000 } else { store.threshold() as usize + 100_000 };
+    let size = if cfg.kv_only {
+        1000
+    } else {
+        store.threshold() as usize + 100_000
+    };
     let value = Bytes::from(data(120, size));
     let tasks: Vec<_> = (0..16)
         .map(|_| {
@@ -309,7 +343,10 @@ pub async fn concurrent_puts_of_one_key(store: &Store, cfg: Config) {
         created += (t.await.unwrap() == PutOutcome::Created) as u32;
     }
     assert_eq!(created, 1);
-    assert_eq!(store.get_verified(&Key::of(&value)).await.unwrap().unwrap(), value);
+    assert_eq!(
+        store.get_verified(&Key::of(&value)).await.unwrap().unwrap(),
+        value
+    );
 }
 
 /// Listing a big pool streams every key once, in order.
@@ -384,7 +421,11 @@ pub async fn model_sequence(store: &Store, cfg: Config) {
                         assert!(matches!(r, Err(Error::TooLarge { .. })));
                     } else {
                         let p = r.unwrap();
-                        let want = if model.contains_key(&k) { PutOutcome::Existed } else { PutOutcome::Created };
+                        let want = if model.contains_key(&k) {
+                            PutOutcome::Existed
+                        } else {
+                            PutOutcome::Created
+                        };
                         assert_eq!(p.outcome, want);
                         model.insert(k, v);
                     }

@@ -29,7 +29,14 @@ fn message(e: &Error) -> String {
 
 #[test]
 fn malformed_keys_are_typed_errors() {
-    for bad in ["", "abc", "../../etc/passwd", &"g".repeat(64), &"A".repeat(64), &"0".repeat(65)] {
+    for bad in [
+        "",
+        "abc",
+        "../../etc/passwd",
+        &"g".repeat(64),
+        &"A".repeat(64),
+        &"0".repeat(65),
+    ] {
         let e: Error = bad.parse::<Key>().unwrap_err().into();
         assert!(matches!(e, Error::InvalidKey(_)), "{bad:?}");
         assert!(e.to_string().starts_with("invalid key: a key is"), "{e}");
@@ -44,11 +51,21 @@ async fn unwritable_data_directory_is_a_clear_error() {
     // A data directory under a regular file cannot be created (even by root).
     let e = Store::open_dir(file.join("store")).await.unwrap_err();
     assert!(matches!(e, Error::Engine { .. }), "{e:?}");
-    assert!(message(&e).contains("unable to create directory"), "{}", message(&e));
+    assert!(
+        message(&e).contains("unable to create directory"),
+        "{}",
+        message(&e)
+    );
     // /proc refuses new directories too.
-    let e = Store::open_dir("/proc/alkblobs-no-such-store").await.unwrap_err();
+    let e = Store::open_dir("/proc/alkblobs-no-such-store")
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::Engine { .. }), "{e:?}");
-    assert_eq!(std::fs::read(&file).unwrap(), b"not a directory", "nothing clobbered");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        b"not a directory",
+        "nothing clobbered"
+    );
 }
 
 struct Opened {
@@ -66,7 +83,11 @@ async fn open() -> Opened {
     let large = LocalBackend::open(dir.path().join("large"), LocalOptions::default())
         .await
         .unwrap();
-    let store = Store::builder().kv(kv.clone()).large(large.clone()).build().unwrap();
+    let store = Store::builder()
+        .kv(kv.clone())
+        .large(large.clone())
+        .build()
+        .unwrap();
     Opened {
         store,
         kv,
@@ -97,13 +118,25 @@ async fn corrupted_entries_are_detected_and_reported() {
     bytes[123_456] ^= 0x01;
     std::fs::write(&path, &bytes).unwrap();
     let tpath = o.large.path_of(&kt);
-    std::fs::OpenOptions::new().write(true).open(&tpath).unwrap().set_len(1000).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&tpath)
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
 
     for (k, tier) in [(ks, Tier::Kv), (kb, Tier::Large), (kt, Tier::Large)] {
         match o.store.get_verified(&k).await {
             Err(Error::Corrupt { key, engine, .. }) => {
                 assert_eq!(key, k);
-                assert!(engine.starts_with(if tier == Tier::Kv { "sqlite(" } else { "local(" }), "{engine}");
+                assert!(
+                    engine.starts_with(if tier == Tier::Kv {
+                        "sqlite("
+                    } else {
+                        "local("
+                    }),
+                    "{engine}"
+                );
             }
             other => panic!("expected Corrupt for {k}, got {other:?}"),
         }
@@ -138,7 +171,16 @@ async fn over_threshold_put_in_kv_only_mode_names_the_sizes() {
         .build()
         .unwrap();
     let e = store.put(data(5, 1001)).await.unwrap_err();
-    assert!(matches!(e, Error::TooLarge { size: 1001, threshold: 1000 }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            Error::TooLarge {
+                size: 1001,
+                threshold: 1000
+            }
+        ),
+        "{e:?}"
+    );
     assert!(e.to_string().contains("kv-only"), "{e}");
     assert_eq!(store.list().try_collect::<Vec<_>>().await.unwrap(), vec![]);
 }
@@ -166,9 +208,18 @@ async fn killed_put_is_never_visible_and_its_staging_file_is_reclaimed_only_when
         staging_grace: Duration::ZERO,
         ..LocalOptions::default()
     };
-    let large = LocalBackend::open(dir.path().join("large"), opts).await.unwrap();
+    let large = LocalBackend::open(dir.path().join("large"), opts)
+        .await
+        .unwrap();
     assert_eq!(parts(), 0);
-    assert!(large.list().try_collect::<Vec<_>>().await.unwrap().is_empty());
+    assert!(
+        large
+            .list()
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -181,9 +232,17 @@ async fn a_live_writers_staging_file_is_never_reclaimed() {
     let large = LocalBackend::open(dir.path(), opts).await.unwrap();
     let value = data(6, 2_000_000);
     let mut w = large.begin_write().await.unwrap();
-    w.write(Bytes::copy_from_slice(&value[..1_000_000])).await.unwrap();
-    assert_eq!(large.reclaim_abandoned().await.unwrap(), 0, "locked by its writer");
-    w.write(Bytes::copy_from_slice(&value[1_000_000..])).await.unwrap();
+    w.write(Bytes::copy_from_slice(&value[..1_000_000]))
+        .await
+        .unwrap();
+    assert_eq!(
+        large.reclaim_abandoned().await.unwrap(),
+        0,
+        "locked by its writer"
+    );
+    w.write(Bytes::copy_from_slice(&value[1_000_000..]))
+        .await
+        .unwrap();
     let key = Key::of(&value);
     w.commit(&key).await.unwrap();
     assert_eq!(large.get(&key).await.unwrap().unwrap(), value);
@@ -207,8 +266,15 @@ async fn a_sqlite_file_locked_by_another_process_is_a_clear_error_and_loses_noth
     let b = data(8, 100);
     let kb = Key::of(&b);
     let e = kv.put(&kb, Bytes::from(b.clone())).await.unwrap_err();
-    assert!(matches!(&e, Error::Engine { engine, .. } if engine.starts_with("sqlite(")), "{e:?}");
-    assert!(message(&e).contains("locked by another connection or process"), "{}", message(&e));
+    assert!(
+        matches!(&e, Error::Engine { engine, .. } if engine.starts_with("sqlite(")),
+        "{e:?}"
+    );
+    assert!(
+        message(&e).contains("locked by another connection or process"),
+        "{}",
+        message(&e)
+    );
     // WAL readers are not blocked, and nothing was lost.
     assert_eq!(kv.get(&ka).await.unwrap().unwrap(), a);
     drop(h.child.stdin.take());
@@ -236,13 +302,26 @@ async fn a_second_writer_gets_in_use_and_read_only_opens_need_no_lock() {
         ..alkblobs::DirOptions::default()
     };
     let reader = Store::open_dir_with(dir.path(), ro.clone()).await.unwrap();
-    assert!(reader.list().try_collect::<Vec<_>>().await.unwrap().is_empty());
-    assert!(matches!(reader.put(data(9, 10)).await, Err(Error::ReadOnly { .. })));
+    assert!(
+        reader
+            .list()
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        reader.put(data(9, 10)).await,
+        Err(Error::ReadOnly { .. })
+    ));
     h.kill();
     // The lock dies with its holder.
     let store = Store::open_dir(dir.path()).await.unwrap();
     // And within one process a second writer is refused too.
-    assert!(matches!(Store::open_dir(dir.path()).await, Err(Error::InUse { .. })));
+    assert!(matches!(
+        Store::open_dir(dir.path()).await,
+        Err(Error::InUse { .. })
+    ));
     drop(store);
     Store::open_dir(dir.path()).await.unwrap();
 }

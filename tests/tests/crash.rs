@@ -26,10 +26,17 @@ async fn killed_writers_never_leave_torn_blobs() {
 
         let store = Store::open_dir(dir.path()).await.unwrap();
         let report = store.verify().await.unwrap();
-        assert!(report.corrupt.is_empty(), "round {round}: torn blobs {:?}", report.corrupt);
+        assert!(
+            report.corrupt.is_empty(),
+            "round {round}: torn blobs {:?}",
+            report.corrupt
+        );
         let listed: HashSet<Key> = store.list().try_collect().await.unwrap();
         for k in &returned {
-            assert!(listed.contains(k), "round {round}: a put that returned was lost: {k}");
+            assert!(
+                listed.contains(k),
+                "round {round}: a put that returned was lost: {k}"
+            );
         }
         drop(store);
     }

@@ -48,7 +48,9 @@ backend_suite!(sqlite_relaxed, KV, async {
         durability: Durability::Relaxed,
         ..SqliteOptions::default()
     };
-    let e = SqliteBackend::open(dir.path().join("kv.sqlite"), opts).await.unwrap();
+    let e = SqliteBackend::open(dir.path().join("kv.sqlite"), opts)
+        .await
+        .unwrap();
     (e, dir)
 });
 
@@ -58,6 +60,8 @@ backend_suite!(local_relaxed, LARGE, async {
         durability: Durability::Relaxed,
         ..LocalOptions::default()
     };
-    let e = LocalBackend::open(dir.path().join("large"), opts).await.unwrap();
+    let e = LocalBackend::open(dir.path().join("large"), opts)
+        .await
+        .unwrap();
     (e, dir)
 });

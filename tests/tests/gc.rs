@@ -60,7 +60,12 @@ async fn a_sweep_collects_exactly_the_unprotected_keys() {
         assert_eq!(r.examined, 7, "{}", case.name);
         assert_eq!(r.pinned, 1, "{}", case.name);
         assert_eq!(r.live, 4, "{}", case.name);
-        assert_eq!((r.staged, r.executed, r.deleted, r.kept), (2, 2, 2, 0), "{}", case.name);
+        assert_eq!(
+            (r.staged, r.executed, r.deleted, r.kept),
+            (2, 2, 2, 0),
+            "{}",
+            case.name
+        );
         assert_eq!(r.bytes_freed, 50_010, "{}", case.name);
         let left = keys(s).await;
         for k in garbage {
@@ -72,8 +77,14 @@ async fn a_sweep_collects_exactly_the_unprotected_keys() {
         assert!(s.staged(None, 10).await.unwrap().is_empty());
         // Delete-then-recover: the swept content comes back byte-identical.
         let again = s.put(data(2, 50_000)).await.unwrap();
-        assert_eq!((again.key, again.outcome), (garbage[1], PutOutcome::Created));
-        assert_eq!(s.get_verified(&again.key).await.unwrap().unwrap(), data(2, 50_000));
+        assert_eq!(
+            (again.key, again.outcome),
+            (garbage[1], PutOutcome::Created)
+        );
+        assert_eq!(
+            s.get_verified(&again.key).await.unwrap().unwrap(),
+            data(2, 50_000)
+        );
         assert!(s.verify().await.unwrap().is_clean());
     }
 }
@@ -85,7 +96,9 @@ async fn a_failing_source_or_protect_callback_aborts_with_nothing_deleted() {
         let a = put_garbage(s, 10, 10).await;
         let b = put_garbage(s, 11, 10_000).await;
 
-        let opts = zero().protect(LiveSet::new(|| async { Err::<HashSet<Key>, BoxError>("index offline".into()) }));
+        let opts = zero().protect(LiveSet::new(|| async {
+            Err::<HashSet<Key>, BoxError>("index offline".into())
+        }));
         let r = s.sweep(opts).await.unwrap();
         assert_eq!(
             r.aborted,
@@ -97,7 +110,10 @@ async fn a_failing_source_or_protect_callback_aborts_with_nothing_deleted() {
             case.name
         );
         assert_eq!((r.staged, r.deleted), (0, 0));
-        assert!(s.staged(None, 10).await.unwrap().is_empty(), "an aborted sweep stages nothing");
+        assert!(
+            s.staged(None, 10).await.unwrap().is_empty(),
+            "an aborted sweep stages nothing"
+        );
         assert_eq!(keys(s).await, HashSet::from([a, b]), "{}", case.name);
 
         // A registered source that answers the first call and fails later:
@@ -131,12 +147,22 @@ async fn a_failing_source_or_protect_callback_aborts_with_nothing_deleted() {
             Ok::<_, BoxError>(HashSet::new())
         })
         .unwrap();
-        let r = s.sweep(zero().source_timeout(Duration::from_millis(50))).await.unwrap();
-        assert!(matches!(r.aborted, Some(GcAbortCause::ProtectionSource { .. })), "{r:?}");
+        let r = s
+            .sweep(zero().source_timeout(Duration::from_millis(50)))
+            .await
+            .unwrap();
+        assert!(
+            matches!(r.aborted, Some(GcAbortCause::ProtectionSource { .. })),
+            "{r:?}"
+        );
         assert_eq!(keys(s).await.len(), 2);
         s.unregister_liveness("stuck");
         let r = s.sweep(zero()).await.unwrap();
-        assert_eq!(r.deleted, 2, "{}: once the sources answer, garbage goes", case.name);
+        assert_eq!(
+            r.deleted, 2,
+            "{}: once the sources answer, garbage goes",
+            case.name
+        );
     }
 }
 
@@ -170,14 +196,28 @@ async fn a_source_failing_mid_mark_leaves_nothing_staged() {
         let s = &case.store;
         // Several mark batches' worth, so the failure lands after the first
         // batch has been staged.
-        let many = s.put_many((0..10_000u64).map(|i| i.to_le_bytes().to_vec())).await.unwrap();
+        let many = s
+            .put_many((0..10_000u64).map(|i| i.to_le_bytes().to_vec()))
+            .await
+            .unwrap();
         drop(many.pin);
-        s.register_liveness("mid", FailsMidMark(Arc::new(AtomicUsize::new(0)))).unwrap();
+        s.register_liveness("mid", FailsMidMark(Arc::new(AtomicUsize::new(0))))
+            .unwrap();
         let r = s.sweep(zero()).await.unwrap();
-        assert!(matches!(&r.aborted, Some(GcAbortCause::ProtectionSource { source, .. }) if source == "mid"), "{r:?}");
-        assert!(r.examined > 0 && r.examined < 10_000, "the mark stopped part-way: {r:?}");
+        assert!(
+            matches!(&r.aborted, Some(GcAbortCause::ProtectionSource { source, .. }) if source == "mid"),
+            "{r:?}"
+        );
+        assert!(
+            r.examined > 0 && r.examined < 10_000,
+            "the mark stopped part-way: {r:?}"
+        );
         assert_eq!(r.deleted, 0);
-        assert!(s.staged(None, 10).await.unwrap().is_empty(), "{}: half a mark left staged rows", case.name);
+        assert!(
+            s.staged(None, 10).await.unwrap().is_empty(),
+            "{}: half a mark left staged rows",
+            case.name
+        );
         assert_eq!(keys(s).await.len(), 10_000);
     }
 }
@@ -207,7 +247,12 @@ async fn two_concurrent_sweeps_one_gets_the_sweeper_lock_abort() {
         });
         entered.notified().await;
         let second = s.sweep(zero()).await.unwrap();
-        assert_eq!(second.aborted, Some(GcAbortCause::SweeperLock), "{}", case.name);
+        assert_eq!(
+            second.aborted,
+            Some(GcAbortCause::SweeperLock),
+            "{}",
+            case.name
+        );
         assert_eq!((second.examined, second.deleted), (0, 0));
         assert!(s.has(&k).await.unwrap());
         release.notify_one();
@@ -248,8 +293,17 @@ async fn activity_between_mark_and_execute_protects_the_key_from_that_sweep() {
                 });
                 let r = s.sweep(opts).await.unwrap();
                 let want = if by_put { (1, 0, 0, 0) } else { (1, 1, 0, 1) };
-                assert_eq!((r.staged, r.executed, r.deleted, r.kept), want, "{} by_put={by_put}: {r:?}", case.name);
-                assert!(s.has(&k).await.unwrap(), "{}: an in-flight put was deleted", case.name);
+                assert_eq!(
+                    (r.staged, r.executed, r.deleted, r.kept),
+                    want,
+                    "{} by_put={by_put}: {r:?}",
+                    case.name
+                );
+                assert!(
+                    s.has(&k).await.unwrap(),
+                    "{}: an in-flight put was deleted",
+                    case.name
+                );
                 // The next sweep started after that activity: it may go.
                 assert_eq!(s.sweep(zero()).await.unwrap().deleted, 1);
             }
@@ -278,14 +332,22 @@ async fn the_hand_off_race_never_loses_the_key_whatever_the_order() {
         let live = Live::default();
         live.register(&s, "index");
         let mut seed = 4000;
-        for at in [SweepPhase::Execute, SweepPhase::Checked, SweepPhase::Claimed] {
+        for at in [
+            SweepPhase::Execute,
+            SweepPhase::Checked,
+            SweepPhase::Claimed,
+        ] {
             for pin in [Pin::HeldFromBefore, Pin::AcquiredInHook] {
                 for release in [true, false] {
                     seed += 1;
                     let k = put_garbage(&s, seed, 10).await;
                     // Stage it with a short window, let it come due.
                     let r = s
-                        .sweep(SweepOptions::new().window(Duration::from_millis(20)).inline_window(false))
+                        .sweep(
+                            SweepOptions::new()
+                                .window(Duration::from_millis(20))
+                                .inline_window(false),
+                        )
                         .await
                         .unwrap();
                     assert_eq!(r.staged, 1);
@@ -304,7 +366,9 @@ async fn the_hand_off_race_never_loses_the_key_whatever_the_order() {
                             if pin == Pin::AcquiredInHook {
                                 // At `Claimed` the key may already be claimed:
                                 // then this pin waits and finds it gone.
-                                match tokio::time::timeout(Duration::from_millis(50), s.pin(&k)).await {
+                                match tokio::time::timeout(Duration::from_millis(50), s.pin(&k))
+                                    .await
+                                {
                                     Ok(Ok(g)) => *h.lock().unwrap() = Some(g),
                                     Ok(Err(_)) | Err(_) => return,
                                 }
@@ -361,8 +425,17 @@ async fn a_put_of_a_key_being_deleted_waits_and_recreates_it() {
         let r = s.sweep(opts).await.unwrap();
         assert_eq!(r.deleted, 1, "{}", case.name);
         let put = rx.await.unwrap().await.unwrap();
-        assert_eq!(put.outcome, PutOutcome::Created, "{}: the put must recreate it", case.name);
-        assert!(s.has(&k).await.unwrap(), "{}: a pinned put result was deleted", case.name);
+        assert_eq!(
+            put.outcome,
+            PutOutcome::Created,
+            "{}: the put must recreate it",
+            case.name
+        );
+        assert!(
+            s.has(&k).await.unwrap(),
+            "{}: a pinned put result was deleted",
+            case.name
+        );
         assert_eq!(s.get_verified(&k).await.unwrap().unwrap(), data(50, 3000));
     }
 }
@@ -382,7 +455,11 @@ async fn a_re_put_of_a_staged_key_gets_a_fresh_window() {
         // Re-put both, let go at once, no liveness.
         drop(s.put(data(60, 10)).await.unwrap());
         drop(s.put(data(61, 10_000)).await.unwrap());
-        assert!(s.staged(None, 10).await.unwrap().is_empty(), "{}: put must unstage", case.name);
+        assert!(
+            s.staged(None, 10).await.unwrap().is_empty(),
+            "{}: put must unstage",
+            case.name
+        );
         tokio::time::sleep(Duration::from_millis(150)).await;
         // The old window has passed; the re-put's window has not.
         let r = s.sweep(no_wait()).await.unwrap();
@@ -405,12 +482,23 @@ async fn a_key_that_turns_live_during_its_window_is_kept() {
         live.register(&s, "index");
         let flips = put_garbage(&s, 70, 10).await;
         let stays_dead = put_garbage(&s, 71, 10).await;
-        let r = s.sweep(SweepOptions::new().inline_window(false)).await.unwrap();
+        let r = s
+            .sweep(SweepOptions::new().inline_window(false))
+            .await
+            .unwrap();
         assert_eq!(r.staged, 2);
         live.add(flips).await;
         tokio::time::sleep(window + Duration::from_millis(30)).await;
-        let r = s.sweep(SweepOptions::new().inline_window(false)).await.unwrap();
-        assert_eq!((r.executed, r.deleted, r.kept), (2, 1, 1), "{}: {r:?}", case.name);
+        let r = s
+            .sweep(SweepOptions::new().inline_window(false))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.executed, r.deleted, r.kept),
+            (2, 1, 1),
+            "{}: {r:?}",
+            case.name
+        );
         assert!(s.has(&flips).await.unwrap());
         assert!(!s.has(&stays_dead).await.unwrap());
     }
@@ -455,7 +543,8 @@ async fn puts_racing_sweeps_never_lose_a_protected_key() {
         let sweeps = Arc::new(AtomicUsize::new(0));
         let deleted = Arc::new(AtomicUsize::new(0));
         let sweeper = {
-            let (s, stop, sweeps, deleted) = (s.clone(), stop.clone(), sweeps.clone(), deleted.clone());
+            let (s, stop, sweeps, deleted) =
+                (s.clone(), stop.clone(), sweeps.clone(), deleted.clone());
             tokio::spawn(async move {
                 while !stop.load(Ordering::SeqCst) {
                     let r = s.sweep(zero()).await.unwrap();
@@ -495,7 +584,10 @@ async fn puts_racing_sweeps_never_lose_a_protected_key() {
                             let other = Key::of(&data((seed + 1) % 97, 100));
                             match s.pin(&other).await {
                                 Ok(g) => {
-                                    assert!(s.has(&other).await.unwrap(), "reader-pinned key missing");
+                                    assert!(
+                                        s.has(&other).await.unwrap(),
+                                        "reader-pinned key missing"
+                                    );
                                     drop(g);
                                 }
                                 Err(Error::NotFound { .. }) => {}
@@ -534,8 +626,16 @@ async fn puts_racing_sweeps_never_lose_a_protected_key() {
         for k in live.0.lock().await.iter() {
             assert!(s.has(k).await.unwrap(), "{}: live key lost", case.name);
         }
-        assert!(sweeps.load(Ordering::SeqCst) >= 20, "{}: sweeps ran", case.name);
-        assert!(deleted.load(Ordering::SeqCst) > 0, "{}: sweeps deleted something", case.name);
+        assert!(
+            sweeps.load(Ordering::SeqCst) >= 20,
+            "{}: sweeps ran",
+            case.name
+        );
+        assert!(
+            deleted.load(Ordering::SeqCst) > 0,
+            "{}: sweeps deleted something",
+            case.name
+        );
         assert!(checks > 0);
         assert!(s.verify().await.unwrap().corrupt.is_empty());
     }
@@ -570,7 +670,11 @@ async fn a_put_in_flight_when_the_sweep_starts_survives_it() {
             })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(s.pin_count(&Key::of(&data(6000 + i, 100))), 1, "the put is in flight");
+        assert_eq!(
+            s.pin_count(&Key::of(&data(6000 + i, 100))),
+            1,
+            "the put is in flight"
+        );
         let d2 = done.clone();
         let opts = zero().hook(move |phase| {
             let d = d2.clone();
@@ -584,8 +688,15 @@ async fn a_put_in_flight_when_the_sweep_starts_survives_it() {
         let r = s.sweep(opts).await.unwrap();
         let k = put.await.unwrap();
         kv.delay_writes(Duration::ZERO);
-        assert!(s.has(&k).await.unwrap(), "a put in flight at the sweep's start was deleted ({r:?})");
-        assert_eq!(s.sweep(zero()).await.unwrap().deleted, 1, "the next sweep may collect it");
+        assert!(
+            s.has(&k).await.unwrap(),
+            "a put in flight at the sweep's start was deleted ({r:?})"
+        );
+        assert_eq!(
+            s.sweep(zero()).await.unwrap().deleted,
+            1,
+            "the next sweep may collect it"
+        );
     }
 }
 
@@ -604,7 +715,11 @@ async fn pin_racing_a_sweep_is_not_found_or_safe() {
                 Ok(g) => {
                     got += 1;
                     let _ = sweep.await.unwrap();
-                    assert!(s.has(&k).await.unwrap(), "{}: pinned key deleted", case.name);
+                    assert!(
+                        s.has(&k).await.unwrap(),
+                        "{}: pinned key deleted",
+                        case.name
+                    );
                     drop(g);
                 }
                 Err(Error::NotFound { .. }) => {
@@ -689,15 +804,31 @@ async fn a_sweep_killed_after_staging_is_finished_correctly_after_restart() {
     h.kill();
 
     let s = Store::open_dir(dir.path()).await.unwrap();
-    let staged: HashSet<Key> = s.staged(None, 10).await.unwrap().iter().map(|r| r.key).collect();
-    assert_eq!(staged, HashSet::from([dead, revived]), "staged rows are durable");
+    let staged: HashSet<Key> = s
+        .staged(None, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(
+        staged,
+        HashSet::from([dead, revived]),
+        "staged rows are durable"
+    );
     // During the window, one candidate becomes live again.
     s.add_roots(&[revived]).await.unwrap();
     // Not yet due: a sweep now deletes nothing.
-    let r = s.sweep(SweepOptions::new().window(Duration::from_secs(3600))).await.unwrap();
+    let r = s
+        .sweep(SweepOptions::new().window(Duration::from_secs(3600)))
+        .await
+        .unwrap();
     assert_eq!(r.deleted, 0, "{r:?}");
     tokio::time::sleep(Duration::from_millis(450)).await;
-    let r = s.sweep(SweepOptions::new().window(Duration::from_secs(3600))).await.unwrap();
+    let r = s
+        .sweep(SweepOptions::new().window(Duration::from_secs(3600)))
+        .await
+        .unwrap();
     assert_eq!((r.executed, r.deleted, r.kept), (2, 1, 1), "{r:?}");
     assert_eq!(keys(&s).await, HashSet::from([revived, rooted]));
 }
@@ -733,11 +864,15 @@ async fn random_gc_sequences_match_the_model() {
             .new_tree(&mut runner)
             .unwrap()
             .current();
-        let case = if round % 2 == 0 { sqlite_local(Duration::ZERO).await } else { cases(Duration::ZERO).await.remove(0) };
+        let case = if round % 2 == 0 {
+            sqlite_local(Duration::ZERO).await
+        } else {
+            cases(Duration::ZERO).await.remove(0)
+        };
         let s = &case.store;
         let live = Live::default();
         live.register(s, "index");
-        let content = |i: u8| data(5000 + i as u64, if i % 3 == 0 { 5000 } else { 64 });
+        let content = |i: u8| data(5000 + i as u64, if i.is_multiple_of(3) { 5000 } else { 64 });
         let mut guards: Vec<(Key, alkblobs::PinGuard)> = Vec::new();
         let mut present: HashSet<Key> = HashSet::new();
         for op in &ops {
@@ -754,7 +889,9 @@ async fn random_gc_sequences_match_the_model() {
                             assert!(present.contains(&k), "pin succeeded on an absent key");
                             guards.push((k, g));
                         }
-                        Err(Error::NotFound { .. }) => assert!(!present.contains(&k), "pin of a present key failed"),
+                        Err(Error::NotFound { .. }) => {
+                            assert!(!present.contains(&k), "pin of a present key failed")
+                        }
                         Err(e) => panic!("{e}"),
                     }
                 }

@@ -35,12 +35,20 @@ async fn local(dir: &std::path::Path) -> LocalBackend {
 }
 
 store_suite!(mem_mem, TIERED, async {
-    let s = Store::builder().kv(MemBackend::new()).large(MemBackend::new()).build().unwrap();
+    let s = Store::builder()
+        .kv(MemBackend::new())
+        .large(MemBackend::new())
+        .build()
+        .unwrap();
     (s, ())
 });
 
 store_suite!(mem_kv_only, KV_ONLY, async {
-    let s = Store::builder().kv(MemBackend::new()).kv_only().build().unwrap();
+    let s = Store::builder()
+        .kv(MemBackend::new())
+        .kv_only()
+        .build()
+        .unwrap();
     (s, ())
 });
 
@@ -56,7 +64,11 @@ store_suite!(sqlite_local, TIERED, async {
 
 store_suite!(sqlite_kv_only, KV_ONLY, async {
     let dir = tempfile::tempdir().unwrap();
-    let s = Store::builder().kv(sqlite(dir.path()).await).kv_only().build().unwrap();
+    let s = Store::builder()
+        .kv(sqlite(dir.path()).await)
+        .kv_only()
+        .build()
+        .unwrap();
     (s, dir)
 });
 

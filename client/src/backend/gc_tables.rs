@@ -92,10 +92,7 @@ impl MemGcTables {
     }
 }
 
-fn after_range<V>(
-    map: &BTreeMap<Key, V>,
-    after: Option<Key>,
-) -> impl Iterator<Item = (&Key, &V)> {
+fn after_range<V>(map: &BTreeMap<Key, V>, after: Option<Key>) -> impl Iterator<Item = (&Key, &V)> {
     use std::ops::Bound;
     let lower = match after {
         Some(a) => Bound::Excluded(a),

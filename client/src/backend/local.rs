@@ -81,8 +81,11 @@ impl Default for LocalOptions {
 
 /// What went wrong inside the local engine, named for the failed action.
 #[derive(Debug, thiserror::Error)]
+#[allow(clippy::enum_variant_names)] // "UnableTo…" is the naming convention
 enum LocalError {
-    #[error("unable to create directory {path}: {source} (check that the data directory exists and is writable)")]
+    #[error(
+        "unable to create directory {path}: {source} (check that the data directory exists and is writable)"
+    )]
     UnableToCreateDir { path: PathBuf, source: io::Error },
     #[error("unable to create staging file {path}: {source}")]
     UnableToCreateStaging { path: PathBuf, source: io::Error },
@@ -145,7 +148,11 @@ impl Inner {
 
     /// Creates a locked staging file.
     fn new_staging(&self) -> Result<(File, PathBuf)> {
-        let name = format!("{:016x}{:016x}.part", rand::random::<u64>(), rand::random::<u64>());
+        let name = format!(
+            "{:016x}{:016x}.part",
+            rand::random::<u64>(),
+            rand::random::<u64>()
+        );
         let path = self.staging.join(name);
         let file = OpenOptions::new()
             .write(true)
@@ -240,10 +247,17 @@ impl Inner {
         let outcome = match rename_noreplace(staging, &target) {
             Ok(true) => PutOutcome::Created,
             Ok(false) => PutOutcome::Existed,
-            Err(e) if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)) => {
+            Err(e)
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                ) =>
+            {
                 return Err(publish_err(e));
             }
-            Err(_) => self.publish_by_link(staging, &target).map_err(publish_err)?,
+            Err(_) => self
+                .publish_by_link(staging, &target)
+                .map_err(publish_err)?,
         };
         if outcome == PutOutcome::Created && self.durable() {
             self.sync_dir(leaf)?;
@@ -320,15 +334,30 @@ impl Inner {
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<bool> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
-    let cstr = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput));
+    let cstr = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    };
     let (f, t) = (cstr(from)?, cstr(to)?);
     // SAFETY: both pointers are valid NUL-terminated strings for the call.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), libc::RENAME_NOREPLACE) };
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
     if rc == 0 {
         return Ok(true);
     }
     let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EEXIST) { Ok(false) } else { Err(e) }
+    if e.raw_os_error() == Some(libc::EEXIST) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
 }
 
 /// Closes `file`, reporting the error `close(2)` returns (which `Drop`
@@ -346,7 +375,10 @@ fn close_checked(file: File) -> io::Result<()> {
 }
 
 fn is_shard_name(name: &str) -> bool {
-    name.len() == 2 && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    name.len() == 2
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Sorted shard directory names under `dir` (missing dir = none).
@@ -396,7 +428,10 @@ impl LocalBackend {
     pub async fn open(root: impl AsRef<Path>, opts: LocalOptions) -> Result<LocalBackend> {
         let root = root.as_ref().to_owned();
         let display = format!("local({})", root.display());
-        blocking(&display.clone(), move || Self::open_blocking(root, display, opts)).await
+        blocking(&display.clone(), move || {
+            Self::open_blocking(root, display, opts)
+        })
+        .await
     }
 
     fn open_blocking(root: PathBuf, display: String, opts: LocalOptions) -> Result<LocalBackend> {
@@ -560,7 +595,12 @@ impl Backend for LocalBackend {
                 let b = blobs.clone();
                 let e = inner.clone();
                 blocking(&inner.display, move || {
-                    shard_names(&b).map_err(|source| e.err(LocalError::UnableToList { path: b.clone(), source }))
+                    shard_names(&b).map_err(|source| {
+                        e.err(LocalError::UnableToList {
+                            path: b.clone(),
+                            source,
+                        })
+                    })
                 })
                 .await
             }
@@ -574,7 +614,12 @@ impl Backend for LocalBackend {
                     let dir = inner.blobs.join(&shard);
                     let e = inner.clone();
                     blocking(&inner.display, move || {
-                        leaf_keys(&dir, &shard).map_err(|source| e.err(LocalError::UnableToList { path: dir.clone(), source }))
+                        leaf_keys(&dir, &shard).map_err(|source| {
+                            e.err(LocalError::UnableToList {
+                                path: dir.clone(),
+                                source,
+                            })
+                        })
                     })
                     .await
                 }
@@ -706,7 +751,10 @@ impl StagedWrite for LocalWrite {
         let inner = self.inner.clone();
         let path = self.path.clone();
         let key = *key;
-        blocking(&self.inner.display, move || inner.commit_staged(file, &path, &key)).await
+        blocking(&self.inner.display, move || {
+            inner.commit_staged(file, &path, &key)
+        })
+        .await
     }
 
     async fn abort(mut self: Box<Self>) -> Result<()> {

@@ -102,5 +102,8 @@ fn holder_line() -> String {
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "?".into());
     let since = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
-    format!("pid {} ({exe}) on {host} since {since}\n", std::process::id())
+    format!(
+        "pid {} ({exe}) on {host} since {since}\n",
+        std::process::id()
+    )
 }

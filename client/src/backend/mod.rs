@@ -23,8 +23,8 @@ pub mod sqlite;
 
 mod gc_tables;
 mod lockfile;
-pub(crate) use lockfile::{InstanceLock, Wait};
 pub use gc_tables::{GcTables, MemGcTables, StagedRow};
+pub(crate) use lockfile::{InstanceLock, Wait};
 
 /// A stream of keys, in ascending byte order, each at most once.
 pub type KeyStream<'a> = BoxStream<'a, Result<Key>>;
@@ -341,10 +341,14 @@ where
     T: Send + 'static,
 {
     use tokio::runtime::{Handle, RuntimeFlavor};
-    let panicked = |what: String| crate::Error::engine(engine, format!("blocking task failed: {what}"));
-    let multi = Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+    let panicked =
+        |what: String| crate::Error::engine(engine, format!("blocking task failed: {what}"));
+    let multi =
+        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
     if multi {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tokio::task::block_in_place(f))) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tokio::task::block_in_place(f)
+        })) {
             Ok(r) => r,
             Err(p) => Err(panicked(
                 p.downcast_ref::<&str>()

@@ -142,9 +142,9 @@ struct Writer {
 
 impl Writer {
     fn refresh_staged(&mut self) -> rusqlite::Result<()> {
-        self.staged_nonempty = self
-            .conn
-            .query_row("SELECT EXISTS (SELECT 1 FROM staged)", [], |r| r.get(0))?;
+        self.staged_nonempty =
+            self.conn
+                .query_row("SELECT EXISTS (SELECT 1 FROM staged)", [], |r| r.get(0))?;
         Ok(())
     }
 }
@@ -280,7 +280,9 @@ impl SqliteBackend {
                 .map_err(unable)?;
             conn.execute_batch(SCHEMA).map_err(unable)?;
             let next_vid: i64 = conn
-                .query_row("SELECT coalesce(max(vid), 0) + 1 FROM vals", [], |r| r.get(0))
+                .query_row("SELECT coalesce(max(vid), 0) + 1 FROM vals", [], |r| {
+                    r.get(0)
+                })
                 .map_err(unable)?;
             let mut w = Writer {
                 conn,
@@ -468,7 +470,9 @@ impl Backend for SqliteBackend {
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
         let k = *key;
         self.write("insert an entry", move |w| {
-            let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = put_in_tx(&tx, &mut w.next_vid, w.staged_nonempty, &k, &value)?;
             tx.commit()?;
             Ok(out)
@@ -479,7 +483,9 @@ impl Backend for SqliteBackend {
     async fn delete(&self, key: &Key) -> Result<Option<u64>> {
         let k = *key;
         self.write("delete an entry", move |w| {
-            let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = delete_in_tx(&tx, &k)?;
             tx.commit()?;
             Ok(out)
@@ -567,7 +573,9 @@ impl Backend for SqliteBackend {
     async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
         let items = items.to_vec();
         self.write("insert a batch", move |w| {
-            let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
             let staged = w.staged_nonempty;
             let out = items
                 .iter()
@@ -582,7 +590,9 @@ impl Backend for SqliteBackend {
     async fn delete_many(&self, keys: &[Key]) -> Result<Vec<Option<u64>>> {
         let keys = keys.to_vec();
         self.write("delete a batch", move |w| {
-            let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let tx = w
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = keys
                 .iter()
                 .map(|k| delete_in_tx(&tx, k))
@@ -618,11 +628,18 @@ fn staged_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StagedRow> {
     })
 }
 
-fn for_each_key<F>(w: &mut Writer, keys: Vec<Key>, sql: &'static str, mut f: F) -> rusqlite::Result<u64>
+fn for_each_key<F>(
+    w: &mut Writer,
+    keys: Vec<Key>,
+    sql: &'static str,
+    mut f: F,
+) -> rusqlite::Result<u64>
 where
     F: FnMut(&mut rusqlite::CachedStatement<'_>, &Key) -> rusqlite::Result<usize>,
 {
-    let tx = w.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = w
+        .conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut n = 0u64;
     {
         let mut stmt = tx.prepare_cached(sql)?;
@@ -642,7 +659,9 @@ impl GcTables for SqliteBackend {
 
     async fn discard_unsealed(&self) -> Result<u64> {
         self.write("discard unsealed staged rows", |w| {
-            let n = w.conn.execute("DELETE FROM staged WHERE visible_after IS NULL", [])?;
+            let n = w
+                .conn
+                .execute("DELETE FROM staged WHERE visible_after IS NULL", [])?;
             w.refresh_staged()?;
             Ok(n as u64)
         })
@@ -667,11 +686,12 @@ impl GcTables for SqliteBackend {
 
     async fn seal(&self, visible_after_ms: i64) -> Result<u64> {
         self.write("seal staged rows", move |w| {
-            w.conn.execute(
-                "UPDATE staged SET visible_after = ?1 WHERE visible_after IS NULL",
-                [visible_after_ms],
-            )
-            .map(|n| n as u64)
+            w.conn
+                .execute(
+                    "UPDATE staged SET visible_after = ?1 WHERE visible_after IS NULL",
+                    [visible_after_ms],
+                )
+                .map(|n| n as u64)
         })
         .await
     }

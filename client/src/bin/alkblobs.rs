@@ -22,7 +22,11 @@ use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
 #[derive(Parser)]
-#[command(name = "alkblobs", version, about = "A content-addressed, deduplicated, garbage-collected blob store")]
+#[command(
+    name = "alkblobs",
+    version,
+    about = "A content-addressed, deduplicated, garbage-collected blob store"
+)]
 struct Cli {
     /// The store's data directory (sqlite index + large files).
     #[arg(long, global = true, env = "ALKBLOBS_DATA_DIR", value_name = "DIR")]
@@ -132,7 +136,10 @@ impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
         let code = match &e {
             Error::NotFound { .. } => 3,
-            Error::InvalidKey(_) | Error::TooLarge { .. } | Error::Input { .. } | Error::Config(_) => 2,
+            Error::InvalidKey(_)
+            | Error::TooLarge { .. }
+            | Error::Input { .. }
+            | Error::Config(_) => 2,
             Error::HashMismatch { .. } | Error::Corrupt { .. } => 4,
             Error::InUse { .. } => 5,
             _ => 1,
@@ -168,7 +175,9 @@ fn fail(code: u8, message: impl Into<String>) -> Fail {
 type Res<T = ()> = std::result::Result<T, Fail>;
 
 fn parse_key(s: &str) -> Res<Key> {
-    s.trim().parse::<Key>().map_err(|e| Error::InvalidKey(e).into())
+    s.trim()
+        .parse::<Key>()
+        .map_err(|e| Error::InvalidKey(e).into())
 }
 
 fn default_data_dir() -> PathBuf {
@@ -186,8 +195,19 @@ struct Ctx {
 
 impl Ctx {
     async fn open_write(&self) -> Res<Store> {
-        let mode = if self.wait { OpenMode::WriteWait } else { OpenMode::Write };
-        Ok(Store::open_dir_with(&self.dir, DirOptions { mode, ..DirOptions::default() }).await?)
+        let mode = if self.wait {
+            OpenMode::WriteWait
+        } else {
+            OpenMode::Write
+        };
+        Ok(Store::open_dir_with(
+            &self.dir,
+            DirOptions {
+                mode,
+                ..DirOptions::default()
+            },
+        )
+        .await?)
     }
 
     /// Read commands take no lock; a data directory with no store yet reads
@@ -195,7 +215,10 @@ impl Ctx {
     async fn open_read(&self) -> Res<Store> {
         let (sqlite, _) = Store::dir_paths(&self.dir);
         if !sqlite.exists() {
-            return Ok(Store::builder().kv(MemBackend::new()).large(MemBackend::new()).build()?);
+            return Ok(Store::builder()
+                .kv(MemBackend::new())
+                .large(MemBackend::new())
+                .build()?);
         }
         let opts = DirOptions {
             mode: OpenMode::ReadOnly,
@@ -212,7 +235,9 @@ impl Ctx {
             Some(n) => ProgressBar::new(n),
             None => ProgressBar::new_spinner(),
         };
-        pb.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()));
+        pb.set_style(
+            ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
         pb.enable_steady_tick(Duration::from_millis(120));
         pb
     }
@@ -243,13 +268,23 @@ async fn put(ctx: &Ctx, files: &[PathBuf], root: bool) -> Res {
             let len = std::fs::metadata(f).map(|m| m.len()).ok();
             let put = match len {
                 Some(n) if n > 8 * 1024 * 1024 => {
-                    let pb = ctx.bar(Some(n), "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}");
+                    let pb = ctx.bar(
+                        Some(n),
+                        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+                    );
                     pb.set_message(f.display().to_string());
-                    let file = tokio::fs::File::open(f).await.map_err(|source| Error::Input {
-                        what: f.display().to_string(),
-                        source,
-                    })?;
-                    let r = store.put_reader(tokio::io::BufReader::with_capacity(1 << 20, pb.wrap_async_read(file))).await;
+                    let file = tokio::fs::File::open(f)
+                        .await
+                        .map_err(|source| Error::Input {
+                            what: f.display().to_string(),
+                            source,
+                        })?;
+                    let r = store
+                        .put_reader(tokio::io::BufReader::with_capacity(
+                            1 << 20,
+                            pb.wrap_async_read(file),
+                        ))
+                        .await;
                     pb.finish_and_clear();
                     r?
                 }
@@ -297,11 +332,16 @@ async fn get(ctx: &Ctx, key: &str, output: Option<&Path>) -> Res {
     match output {
         None => {
             let mut out = tokio::io::stdout();
-            tokio::io::copy(&mut reader, &mut out).await.map_err(integrity)?;
+            tokio::io::copy(&mut reader, &mut out)
+                .await
+                .map_err(integrity)?;
             out.flush().await.map_err(|e| fail(1, e.to_string()))?;
         }
         Some(path) => {
-            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
             let tmp = dir.join(format!(".{}.alkblobs-tmp", key));
             let mut f = tokio::fs::File::create(&tmp)
                 .await
@@ -327,7 +367,13 @@ async fn stat(ctx: &Ctx, key: &str) -> Res {
     if ctx.json {
         print_json(&meta)
     } else {
-        println!("key:  {}\nsize: {} ({} bytes)\ntier: {}", meta.key, HumanBytes(meta.size), meta.size, meta.tier);
+        println!(
+            "key:  {}\nsize: {} ({} bytes)\ntier: {}",
+            meta.key,
+            HumanBytes(meta.size),
+            meta.size,
+            meta.tier
+        );
         Ok(())
     }
 }
@@ -346,7 +392,12 @@ async fn ls(ctx: &Ctx, long: bool) -> Res {
             let sep = if first { "" } else { "," };
             if long {
                 if let Some(m) = store.stat(&k).await? {
-                    write!(out, "{sep}\n  {}", serde_json::to_string(&m).unwrap_or_default()).map_err(io)?;
+                    write!(
+                        out,
+                        "{sep}\n  {}",
+                        serde_json::to_string(&m).unwrap_or_default()
+                    )
+                    .map_err(io)?;
                 }
             } else {
                 write!(out, "{sep}\n  \"{k}\"").map_err(io)?;
@@ -393,7 +444,14 @@ async fn verify(ctx: &Ctx) -> Res {
     if report.is_clean() {
         Ok(())
     } else {
-        Err(fail(4, format!("{} corrupt and {} missing entries", report.corrupt.len(), report.missing.len())))
+        Err(fail(
+            4,
+            format!(
+                "{} corrupt and {} missing entries",
+                report.corrupt.len(),
+                report.missing.len()
+            ),
+        ))
     }
 }
 
@@ -404,12 +462,28 @@ async fn usage(ctx: &Ctx) -> Res {
         return print_json(&u);
     }
     println!("{:<6} {:>10} {:>12}  engine", "tier", "entries", "bytes");
-    println!("{:<6} {:>10} {:>12}  {}", "kv", u.kv.entries, HumanBytes(u.kv.bytes).to_string(), u.kv.engine);
+    println!(
+        "{:<6} {:>10} {:>12}  {}",
+        "kv",
+        u.kv.entries,
+        HumanBytes(u.kv.bytes).to_string(),
+        u.kv.engine
+    );
     if let Some(l) = &u.large {
-        println!("{:<6} {:>10} {:>12}  {}", "large", l.entries, HumanBytes(l.bytes).to_string(), l.engine);
+        println!(
+            "{:<6} {:>10} {:>12}  {}",
+            "large",
+            l.entries,
+            HumanBytes(l.bytes).to_string(),
+            l.engine
+        );
     }
     let total = u.kv.bytes + u.large.as_ref().map_or(0, |l| l.bytes);
-    println!("total  {:>10} {:>12}", u.kv.entries + u.large.as_ref().map_or(0, |l| l.entries), HumanBytes(total).to_string());
+    println!(
+        "total  {:>10} {:>12}",
+        u.kv.entries + u.large.as_ref().map_or(0, |l| l.entries),
+        HumanBytes(total).to_string()
+    );
     println!("roots: {}, staged for deletion: {}", u.roots, u.staged);
     Ok(())
 }
@@ -478,13 +552,19 @@ fn read_roots_file(path: &Path) -> Res<HashSet<Key>> {
 }
 
 fn due_text(visible_after_ms: Option<i64>) -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
     match visible_after_ms {
         None => "being staged".into(),
         Some(v) if v <= now => "due now".into(),
         Some(v) => {
             let secs = ((v - now) as u64).div_ceil(1000);
-            format!("due in {}", humantime::format_duration(Duration::from_secs(secs)))
+            format!(
+                "due in {}",
+                humantime::format_duration(Duration::from_secs(secs))
+            )
         }
     }
 }
@@ -528,11 +608,25 @@ async fn staged(ctx: &Ctx) -> Res {
 fn summary(r: &SweepReport) -> String {
     format!(
         "examined {}, live {}, pinned {}, newly staged {}, executed {}, deleted {} ({} freed), kept {} on re-check, in {:.2?}",
-        r.examined, r.live, r.pinned, r.staged, r.executed, r.deleted, HumanBytes(r.bytes_freed), r.kept, r.duration
+        r.examined,
+        r.live,
+        r.pinned,
+        r.staged,
+        r.executed,
+        r.deleted,
+        HumanBytes(r.bytes_freed),
+        r.kept,
+        r.duration
     )
 }
 
-async fn gc(ctx: &Ctx, roots_files: &[PathBuf], window: Option<Duration>, dry_run: bool, status: bool) -> Res {
+async fn gc(
+    ctx: &Ctx,
+    roots_files: &[PathBuf],
+    window: Option<Duration>,
+    dry_run: bool,
+    status: bool,
+) -> Res {
     if status {
         return staged(ctx).await;
     }
@@ -549,7 +643,10 @@ async fn gc(ctx: &Ctx, roots_files: &[PathBuf], window: Option<Duration>, dry_ru
             SweepPhase::Window => "waiting out the window",
             _ => "deleting",
         };
-        pb2.set_message(format!("{phase}: examined {}, executed {}, deleted {}", p.examined, p.executed, p.deleted));
+        pb2.set_message(format!(
+            "{phase}: examined {}, executed {}, deleted {}",
+            p.examined, p.executed, p.deleted
+        ));
     });
     if let Some(w) = window {
         opts = opts.window(w);
@@ -598,7 +695,12 @@ async fn run(cli: Cli) -> Res {
         Command::Usage => usage(&ctx).await,
         Command::Pin { keys } => pin(&ctx, keys).await,
         Command::Roots { action } => roots(&ctx, action).await,
-        Command::Gc { roots_files, window, dry_run, status } => gc(&ctx, roots_files, *window, *dry_run, *status).await,
+        Command::Gc {
+            roots_files,
+            window,
+            dry_run,
+            status,
+        } => gc(&ctx, roots_files, *window, *dry_run, *status).await,
         Command::Staged => staged(&ctx).await,
     }
 }
@@ -612,7 +714,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("alkblobs: error: cannot start the runtime: {e}");

@@ -133,7 +133,10 @@ where
 {
     async fn contains(&self, keys: &[Key]) -> Result<Vec<bool>, BoxError> {
         let f = &self.0;
-        futures::stream::iter(keys.to_vec().into_iter().map(|k| f(k)))
+        // Owned keys: a closure over `&Key` would need a higher-ranked
+        // lifetime the async-trait future cannot name.
+        let owned: Vec<Key> = keys.to_vec();
+        futures::stream::iter(owned.into_iter().map(|k| (**f)(k)))
             .buffered(16)
             .try_collect()
             .await
@@ -193,7 +196,9 @@ impl fmt::Display for GcAbortCause {
             GcAbortCause::ProtectionSource { source, error } => {
                 write!(f, "liveness source {source:?} failed: {error}")
             }
-            GcAbortCause::SweeperLock => f.write_str("another sweep is running (sweeper lock held)"),
+            GcAbortCause::SweeperLock => {
+                f.write_str("another sweep is running (sweeper lock held)")
+            }
         }
     }
 }
@@ -308,7 +313,10 @@ impl SweepOptions {
     /// Test support: awaited at each phase boundary so a test can interleave
     /// puts and pins at exact points of the protocol.
     #[doc(hidden)]
-    pub fn hook(mut self, f: impl Fn(SweepPhase) -> BoxFuture<'static, ()> + Send + Sync + 'static) -> Self {
+    pub fn hook(
+        mut self,
+        f: impl Fn(SweepPhase) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Self {
         self.hook = Some(Arc::new(f));
         self
     }
@@ -420,7 +428,10 @@ impl Gc {
             .collect()
     }
 
-    fn sources(&self, protect: &Option<Arc<dyn LivenessSource>>) -> Vec<(String, Arc<dyn LivenessSource>)> {
+    fn sources(
+        &self,
+        protect: &Option<Arc<dyn LivenessSource>>,
+    ) -> Vec<(String, Arc<dyn LivenessSource>)> {
         let mut v: Vec<_> = self
             .sources
             .read()
@@ -539,7 +550,12 @@ pub(crate) async fn sweep(store: &StoreInner, opts: SweepOptions) -> Result<Swee
     result.map(|()| report)
 }
 
-async fn run(store: &StoreInner, opts: &SweepOptions, window: Duration, report: &mut SweepReport) -> Result<()> {
+async fn run(
+    store: &StoreInner,
+    opts: &SweepOptions,
+    window: Duration,
+    report: &mut SweepReport,
+) -> Result<()> {
     let gc = &store.gc;
     let tables = &gc.tables;
     let progress = |report: &SweepReport, phase| {

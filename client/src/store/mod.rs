@@ -636,10 +636,12 @@ impl Store {
     /// Stores a file's content, streamed (see [`Store::put_reader`]).
     pub async fn put_file(&self, path: impl AsRef<Path>) -> Result<Put> {
         let path = path.as_ref();
-        let file = tokio::fs::File::open(path).await.map_err(|source| Error::Input {
-            what: path.display().to_string(),
-            source,
-        })?;
+        let file = tokio::fs::File::open(path)
+            .await
+            .map_err(|source| Error::Input {
+                what: path.display().to_string(),
+                source,
+            })?;
         self.put_reader(tokio::io::BufReader::with_capacity(CHUNK, file))
             .await
             .map_err(|e| match e {
@@ -912,7 +914,6 @@ impl Store {
         });
         Box::pin(pages.flat_map(futures::stream::iter))
     }
-
 }
 
 async fn count_pages<T, F, Fut, K>(mut page: F, key: K) -> Result<u64>

@@ -60,7 +60,9 @@ impl PinMap {
         loop {
             let waiting = {
                 let mut s = self.lock();
-                let busy = keys.iter().find_map(|k| s.deleting.get(k).map(|tx| tx.subscribe()));
+                let busy = keys
+                    .iter()
+                    .find_map(|k| s.deleting.get(k).map(|tx| tx.subscribe()));
                 if busy.is_none() {
                     for k in keys {
                         *s.counts.entry(*k).or_insert(0) += 1;

@@ -23,7 +23,11 @@ struct Slow {
 }
 
 impl AsyncRead for Slow {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
         let sleep = this
             .sleep
@@ -91,7 +95,9 @@ async fn main() {
             let _ = store.sweep(opts).await;
         }
         _ => {
-            eprintln!("usage: alkblobs-test-helper slow-put|crash-puts|hold-sqlite-lock|sweep-then-die ARGS");
+            eprintln!(
+                "usage: alkblobs-test-helper slow-put|crash-puts|hold-sqlite-lock|sweep-then-die ARGS"
+            );
             std::process::exit(2);
         }
     }
