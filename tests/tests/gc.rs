@@ -898,7 +898,7 @@ async fn random_gc_sequences_match_the_model() {
                 Op::Unpin(i) => {
                     let k = Key::of(&content(*i));
                     if let Some(pos) = guards.iter().position(|(g, _)| *g == k) {
-                        guards.remove(pos);
+                        drop(guards.remove(pos));
                     }
                 }
                 Op::MarkLive(i) => live.add(Key::of(&content(*i))).await,
