@@ -1,7 +1,72 @@
-//! placeholder
+//! The alkblobs PostgreSQL extension: fleet garbage collection inside the
+//! database.
+//!
+//! The SQL API and the protocol live in `sql/` (loaded in order:
+//! `bootstrap.sql`, these Rust functions, `api.sql`, `finalize.sql`). Rust
+//! supplies what SQL cannot do well: BLAKE3 over values and over large
+//! objects streamed in bounded windows.
+
 use pgrx::prelude::*;
+
 ::pgrx::pg_module_magic!();
-#[pg_extern]
-fn alkblobs_version() -> &'static str {
-    env!("CARGO_PKG_VERSION")
+
+pgrx::extension_sql_file!("../../sql/bootstrap.sql", name = "bootstrap", bootstrap);
+pgrx::extension_sql_file!(
+    "../../sql/api.sql",
+    name = "api",
+    requires = ["bootstrap", alkblobs::blake3, alkblobs::lo_blake3]
+);
+pgrx::extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
+
+/// Functions in the internal `alkblobs` schema (not granted to anyone; the
+/// API's SECURITY DEFINER functions call them).
+#[pg_schema]
+mod alkblobs {
+    use pgrx::prelude::*;
+
+    /// Window size when hashing a large object (1 MiB).
+    const WINDOW: i64 = 1 << 20;
+
+    /// BLAKE3 of a value: its key.
+    #[pg_extern(immutable, parallel_safe, strict)]
+    fn blake3(value: &[u8]) -> Vec<u8> {
+        ::blake3::hash(value).as_bytes().to_vec()
+    }
+
+    /// BLAKE3 and size of a large object, read in 1 MiB `lo_get` windows so
+    /// that no part of it is ever one big bytea.
+    #[pg_extern(strict)]
+    fn lo_blake3(
+        loid: pg_sys::Oid,
+    ) -> TableIterator<'static, (name!(hash, Vec<u8>), name!(size, i64))> {
+        let mut hasher = ::blake3::Hasher::new();
+        let mut offset: i64 = 0;
+        loop {
+            let chunk: Option<Vec<u8>> = Spi::get_one_with_args(
+                "SELECT pg_catalog.lo_get($1, $2, $3)",
+                &[loid.into(), offset.into(), (WINDOW as i32).into()],
+            )
+            .unwrap_or_else(|e| error!("cannot read large object {}: {e}", u32::from(loid)));
+            let chunk = chunk.unwrap_or_default();
+            if chunk.is_empty() {
+                break;
+            }
+            hasher.update(&chunk);
+            offset += chunk.len() as i64;
+            if (chunk.len() as i64) < WINDOW {
+                break;
+            }
+        }
+        TableIterator::once((hasher.finalize().as_bytes().to_vec(), offset))
+    }
+}
+
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
 }
