@@ -18,6 +18,13 @@ pgrx::extension_sql_file!(
 );
 pgrx::extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
 
+/// The key of a value: its BLAKE3 hash (32 bytes). Public and harmless, for
+/// operators in psql: `SELECT alkblobs_key('hello')`.
+#[pg_extern(immutable, parallel_safe, strict)]
+fn alkblobs_key(value: &[u8]) -> Vec<u8> {
+    ::blake3::hash(value).as_bytes().to_vec()
+}
+
 /// Functions in the internal `alkblobs` schema (not granted to anyone; the
 /// API's SECURITY DEFINER functions call them).
 #[pg_schema]
