@@ -82,3 +82,5 @@ pub mod proc {
 }
 
 pub mod gc_support;
+#[cfg(feature = "pg")]
+pub mod pg;

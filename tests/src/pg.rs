@@ -1,0 +1,103 @@
+//! Connections to the test server for the PostgreSQL suites.
+//!
+//! `ALKBLOBS_PG_URL` (set by `scripts/test.sh`, which starts the server and
+//! installs the extension) names the database. A missing variable or an
+//! unreachable server is a test failure, never a skip.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio_postgres::{Client, NoTls};
+
+/// The test database URL; panics with instructions if unset.
+pub fn url() -> String {
+    std::env::var("ALKBLOBS_PG_URL").unwrap_or_else(|_| {
+        panic!(
+            "ALKBLOBS_PG_URL is not set: the PostgreSQL suites need the server that \
+             scripts/test.sh starts (run scripts/test.sh, or scripts/pg-cluster.sh start \
+             and export ALKBLOBS_PG_URL=$(scripts/pg-cluster.sh url))"
+        )
+    })
+}
+
+/// A new connection; its driver task runs in the background.
+pub async fn connect() -> Client {
+    let (client, conn) = tokio_postgres::connect(&url(), NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the test server at {}: {e}", url()));
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// Creates the extension if needed (tests run in one shared database).
+pub async fn ensure_extension(c: &Client) {
+    c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs")
+        .await
+        .expect("CREATE EXTENSION alkblobs");
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh pool with a unique name.
+pub async fn pool(c: &Client, tag: &str, window: &str, ttl: &str) -> String {
+    ensure_extension(c).await;
+    let name = format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    );
+    c.execute(
+        "SELECT alkblobs_create_pool($1, $2::text::interval, $3::text::interval)",
+        &[&name, &window, &ttl],
+    )
+    .await
+    .expect("create pool");
+    name
+}
+
+/// The key of `bytes`.
+pub fn key(bytes: &[u8]) -> Vec<u8> {
+    blake3::hash(bytes).as_bytes().to_vec()
+}
+
+/// The SQLSTATE of a failed statement.
+pub fn sqlstate(e: &tokio_postgres::Error) -> String {
+    e.code().map(|c| c.code().to_owned()).unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+}
+
+/// Whether `pid` is waiting on a heavyweight lock (proof a race test really
+/// made one session wait for another).
+pub async fn waits_on_lock(observer: &Client, pid: i32) -> bool {
+    for _ in 0..200 {
+        let row = observer
+            .query_opt(
+                "SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .expect("pg_stat_activity");
+        match row {
+            // The session already finished (and hung up): it never waited.
+            None => return false,
+            Some(r) if r.get::<_, String>(0) == "Lock" => return true,
+            Some(_) => {}
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// The backend pid of a connection.
+pub async fn pid(c: &Client) -> i32 {
+    c.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0)
+}
+
+/// Whether `key` is an entry of `pool`.
+pub async fn exists(c: &Client, pool: &str, key: &[u8]) -> bool {
+    c.query_one("SELECT count(*) FROM alkblobs_stat($1, $2)", &[&pool, &key])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 1
+}

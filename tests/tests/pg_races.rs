@@ -1,0 +1,449 @@
+//! The races the extension's SQL must close, each driven across real
+//! connections to the test server. Every test makes one session wait on
+//! another's lock (checked in pg_stat_activity, so the interleaving is real),
+//! then releases it, and asserts the outcome the protocol promises. See
+//! docs/design.md for which guard each test covers and the mutation runs
+//! that show it fails without that guard.
+
+use alkblobs_tests::pg::{connect, exists, key, pid, pool, sqlstate, waits_on_lock};
+use tokio_postgres::Client;
+
+async fn put(c: &Client, pool: &str, value: &[u8], owner: &str) -> bool {
+    c.query_one("SELECT alkblobs_put($1, $2, $3, $4)", &[&pool, &key(value), &value, &owner])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn unpin(c: &Client, pool: &str, value: &[u8], owner: &str) {
+    c.query_one("SELECT alkblobs_unpin($1, $2, $3)", &[&pool, &key(value), &owner])
+        .await
+        .unwrap();
+}
+
+/// (deleted, kept, aborted) of one sweep call.
+async fn sweep(c: &Client, pool: &str) -> (i64, i64, Option<String>) {
+    let r = c
+        .query_one("SELECT deleted, kept, aborted FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// An unprotected entry: put, then unpinned.
+async fn garbage(c: &Client, pool: &str, value: &[u8]) -> Vec<u8> {
+    put(c, pool, value, "setup").await;
+    unpin(c, pool, value, "setup").await;
+    key(value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pin_committing_while_the_executor_decides_keeps_the_key() {
+    let obs = connect().await;
+    let p = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "race-pin", "0 seconds", "60 seconds").await;
+    let k = garbage(&obs, &pool, b"pin while deciding").await;
+
+    // A reader pins inside an open transaction: it holds FOR KEY SHARE.
+    p.batch_execute("BEGIN").await.unwrap();
+    let pinned: bool = p
+        .query_one("SELECT alkblobs_pin($1, $2, 'reader')", &[&pool, &k])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(pinned);
+    // The sweep marks the key (the pin is not committed, so invisible) and
+    // its executor must wait for that transaction before deciding.
+    let s_pid = pid(&s).await;
+    let pool2 = pool.clone();
+    let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
+    assert!(waits_on_lock(&obs, s_pid).await, "the executor did not wait for the pin");
+    p.batch_execute("COMMIT").await.unwrap();
+    let (deleted, kept, aborted) = sweeper.await.unwrap();
+    assert_eq!((deleted, kept, aborted), (0, 1, None));
+    assert!(exists(&obs, &pool, &k).await, "a committed pin lost its key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_put_committing_while_the_executor_decides_keeps_the_key() {
+    let obs = connect().await;
+    let p = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "race-put", "0 seconds", "60 seconds").await;
+    let value = b"put while deciding";
+    let k = garbage(&obs, &pool, value).await;
+
+    p.batch_execute("BEGIN").await.unwrap();
+    assert!(!put(&p, &pool, value, "writer").await, "a dedup put is not new");
+    let s_pid = pid(&s).await;
+    let pool2 = pool.clone();
+    let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
+    assert!(waits_on_lock(&obs, s_pid).await, "the executor did not wait for the put");
+    p.batch_execute("COMMIT").await.unwrap();
+    let (deleted, _, aborted) = sweeper.await.unwrap();
+    assert_eq!((deleted, aborted), (0, None));
+    assert!(exists(&obs, &pool, &k).await, "a committed put lost its key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_put_racing_an_executor_that_already_decided_recreates_the_entry() {
+    let obs = connect().await;
+    let p = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "race-put-after", "0 seconds", "60 seconds").await;
+    let value = b"put after the decision";
+    let k = garbage(&obs, &pool, value).await;
+
+    // The executor deletes the key and holds its locks until commit.
+    s.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(sweep(&s, &pool).await.0, 1);
+    // A put of the same content must wait, then find the entry gone and
+    // insert it afresh (ON CONFLICT DO NOTHING would return at once and
+    // report an entry that is about to vanish).
+    let p_pid = pid(&p).await;
+    let pool2 = pool.clone();
+    let putter = tokio::spawn(async move { put(&p, &pool2, value, "writer").await });
+    assert!(waits_on_lock(&obs, p_pid).await, "the put did not wait for the executor");
+    s.batch_execute("COMMIT").await.unwrap();
+    assert!(putter.await.unwrap(), "the put must report a new entry");
+    assert!(exists(&obs, &pool, &k).await, "the put's entry was lost");
+    let pins = obs
+        .query_one("SELECT count(*) FROM alkblobs_pins WHERE pool = $1 AND NOT expired", &[&pool])
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(pins, 1, "the put's pin committed with its entry");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pin_racing_an_executor_that_already_decided_reports_the_key_gone() {
+    let obs = connect().await;
+    let p = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "race-pin-after", "0 seconds", "60 seconds").await;
+    let k = garbage(&obs, &pool, b"pin after the decision").await;
+    s.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(sweep(&s, &pool).await.0, 1);
+    let p_pid = pid(&p).await;
+    let (pool2, k2) = (pool.clone(), k.clone());
+    let pinner = tokio::spawn(async move {
+        p.query_one("SELECT alkblobs_pin($1, $2, 'reader')", &[&pool2, &k2])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    });
+    assert!(waits_on_lock(&obs, p_pid).await, "the pin did not wait for the executor");
+    s.batch_execute("COMMIT").await.unwrap();
+    assert!(!pinner.await.unwrap(), "a pin of a collected key must fail");
+    assert!(!exists(&obs, &pool, &k).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_liveness_row_written_while_the_executor_deletes_fails_with_ab002() {
+    let obs = connect().await;
+    let l = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "race-live-after", "0 seconds", "60 seconds").await;
+    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
+    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    obs.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&pool, &table])
+        .await
+        .unwrap();
+    let k = garbage(&obs, &pool, b"live after the decision").await;
+
+    s.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(sweep(&s, &pool).await.0, 1);
+    let l_pid = pid(&l).await;
+    let (t2, k2) = (table.clone(), k.clone());
+    let writer = tokio::spawn(async move {
+        l.execute(&format!("INSERT INTO {t2} (key) VALUES ($1)"), &[&k2]).await
+    });
+    assert!(waits_on_lock(&obs, l_pid).await, "the liveness write did not wait");
+    s.batch_execute("COMMIT").await.unwrap();
+    let err = writer.await.unwrap().expect_err("a liveness row for a collected key must fail");
+    assert_eq!(sqlstate(&err), "AB002", "{err}");
+    let rows: i64 = obs
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "nothing recorded for gone content");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_liveness_row_written_before_the_executor_decides_keeps_the_key() {
+    let obs = connect().await;
+    let l = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "race-live-before", "0 seconds", "60 seconds").await;
+    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
+    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    obs.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&pool, &table])
+        .await
+        .unwrap();
+    let k = garbage(&obs, &pool, b"live before the decision").await;
+
+    // The embedder records the key in an open transaction: the guard
+    // trigger holds the entry FOR KEY SHARE. The sweep's mark cannot see
+    // the uncommitted row, stages the key, and its executor must wait.
+    l.batch_execute("BEGIN").await.unwrap();
+    l.execute(&format!("INSERT INTO {table} (key) VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+    let s_pid = pid(&s).await;
+    let pool2 = pool.clone();
+    let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
+    assert!(waits_on_lock(&obs, s_pid).await, "the executor did not wait for the liveness row");
+    l.batch_execute("COMMIT").await.unwrap();
+    let (deleted, kept, aborted) = sweeper.await.unwrap();
+    assert_eq!((deleted, kept, aborted), (0, 1, None));
+    assert!(exists(&obs, &pool, &k).await, "a committed liveness row lost its key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_sweeper_gets_the_sweeper_lock_abort_and_deletes_nothing() {
+    let obs = connect().await;
+    let s1 = connect().await;
+    let s2 = connect().await;
+    let pool = pool(&obs, "race-sweepers", "0 seconds", "60 seconds").await;
+    let other = alkblobs_tests::pg::pool(&obs, "race-sweepers-other", "0 seconds", "60 seconds").await;
+    let k = garbage(&obs, &pool, b"two sweepers").await;
+    let k_other = garbage(&obs, &other, b"two sweepers, other pool").await;
+
+    s1.batch_execute("BEGIN").await.unwrap();
+    let r = s1
+        .query_one("SELECT deleted FROM alkblobs_sweep($1, dry_run => true)", &[&pool])
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, i64>(0), 0);
+    let row = s2
+        .query_one("SELECT examined, deleted, aborted FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, Option<String>>(2)),
+        (0, 0, Some("sweeper_lock".into()))
+    );
+    assert!(exists(&obs, &pool, &k).await);
+    // Pools are independent: each has its own lock.
+    assert_eq!(sweep(&s2, &other).await, (1, 0, None));
+    assert!(!exists(&obs, &other, &k_other).await);
+    s1.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(sweep(&s2, &pool).await, (1, 0, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_pin_protects_nothing_and_is_not_revived_by_renewal() {
+    let obs = connect().await;
+    let pool = pool(&obs, "race-expiry", "0 seconds", "1 second").await;
+    let renewed = b"renewed in time";
+    let expired = b"left to expire";
+    put(&obs, &pool, renewed, "node-a").await;
+    put(&obs, &pool, expired, "node-b").await;
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let n: i64 = obs.query_one("SELECT alkblobs_renew($1, 'node-a')", &[&pool]).await.unwrap().get(0);
+    assert_eq!(n, 1);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    // node-b's pin expired: renewing it now revives nothing.
+    let n: i64 = obs.query_one("SELECT alkblobs_renew($1, 'node-b')", &[&pool]).await.unwrap().get(0);
+    assert_eq!(n, 0, "an expired pin must not be revived");
+    let held = obs
+        .query("SELECT * FROM alkblobs_pins_held($1, 'node-b', $2)", &[&pool, &vec![key(expired)]])
+        .await
+        .unwrap();
+    assert!(held.is_empty(), "node-b must learn its pin is gone before publishing");
+    let row = obs.query_one("SELECT deleted, pins_reaped FROM alkblobs_sweep($1)", &[&pool]).await.unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (1, 1));
+    assert!(exists(&obs, &pool, &key(renewed)).await);
+    assert!(!exists(&obs, &pool, &key(expired)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_renewal_racing_the_reaper_at_expiry_keeps_the_pin() {
+    let obs = connect().await;
+    let r = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "race-renew-reap", "0 seconds", "1 second").await;
+    let value = b"renewed at the edge";
+    put(&obs, &pool, value, "node-a").await;
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    // The owner renews (the pin is still valid) in a transaction that stays
+    // open past the pin's original expiry.
+    r.batch_execute("BEGIN").await.unwrap();
+    let n: i64 = r.query_one("SELECT alkblobs_renew($1, 'node-a')", &[&pool]).await.unwrap().get(0);
+    assert_eq!(n, 1);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The reaper sees the committed (expired) version, must wait for the
+    // renewal, and then re-checks the renewed row: not expired, not reaped.
+    let s_pid = pid(&s).await;
+    let pool2 = pool.clone();
+    let sweeper = tokio::spawn(async move {
+        let row = s
+            .query_one("SELECT deleted, pins_reaped, aborted FROM alkblobs_sweep($1)", &[&pool2])
+            .await
+            .unwrap();
+        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, Option<String>>(2))
+    });
+    assert!(waits_on_lock(&obs, s_pid).await, "the reaper did not wait for the renewal");
+    r.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(sweeper.await.unwrap(), (0, 0, None));
+    assert!(exists(&obs, &pool, &key(value)).await, "a renewed pin lost its key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropping_a_liveness_table_waits_for_the_sweep_and_then_unregisters_it() {
+    let obs = connect().await;
+    let s = connect().await;
+    let d = connect().await;
+    let pool = pool(&obs, "race-drop", "0 seconds", "60 seconds").await;
+    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
+    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    obs.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&pool, &table])
+        .await
+        .unwrap();
+    let k = garbage(&obs, &pool, b"live in a dropped table").await;
+    obs.execute(&format!("INSERT INTO {table} (key) VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+
+    s.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(sweep(&s, &pool).await, (0, 0, None));
+    let d_pid = pid(&d).await;
+    let t2 = table.clone();
+    let dropper = tokio::spawn(async move { d.batch_execute(&format!("DROP TABLE {t2}")).await });
+    assert!(waits_on_lock(&obs, d_pid).await, "DROP TABLE did not wait for the sweep");
+    s.batch_execute("COMMIT").await.unwrap();
+    dropper.await.unwrap().unwrap();
+    let tables: i64 = obs
+        .query_one("SELECT liveness_tables FROM alkblobs_usage WHERE pool = $1", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "the dropped table is unregistered");
+    // The next sweep neither fails on the missing table nor keeps its keys.
+    assert_eq!(sweep(&obs, &pool).await, (1, 0, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn registering_a_liveness_table_waits_for_a_running_sweep() {
+    let obs = connect().await;
+    let s = connect().await;
+    let g = connect().await;
+    let pool = pool(&obs, "race-register", "0 seconds", "60 seconds").await;
+    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
+    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    let k = garbage(&obs, &pool, b"registered mid-sweep").await;
+    s.batch_execute("BEGIN").await.unwrap();
+    s.query_one("SELECT * FROM alkblobs_sweep($1, dry_run => true)", &[&pool])
+        .await
+        .unwrap();
+    let g_pid = pid(&g).await;
+    let (p2, t2) = (pool.clone(), table.clone());
+    let registrar = tokio::spawn(async move {
+        g.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&p2, &t2])
+            .await
+    });
+    assert!(waits_on_lock(&obs, g_pid).await, "registration did not wait for the sweep");
+    s.batch_execute("COMMIT").await.unwrap();
+    registrar.await.unwrap().unwrap();
+    obs.execute(&format!("INSERT INTO {table} (key) VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+    assert_eq!(sweep(&obs, &pool).await, (0, 0, None), "the new table protects");
+    assert!(exists(&obs, &pool, &k).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweeper_killed_mid_sweep_deletes_nothing_and_frees_the_lock() {
+    let obs = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "race-killed", "0 seconds", "60 seconds").await;
+    let k = garbage(&obs, &pool, b"killed sweeper").await;
+    s.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(sweep(&s, &pool).await.0, 1);
+    let s_pid = pid(&s).await;
+    obs.execute("SELECT pg_terminate_backend($1)", &[&s_pid])
+        .await
+        .unwrap();
+    // Its transaction died with it: the delete is undone, the lock gone.
+    for _ in 0..100 {
+        let alive: i64 = obs
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&s_pid])
+            .await
+            .unwrap()
+            .get(0);
+        if alive == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(exists(&obs, &pool, &k).await, "a killed sweep's delete must roll back");
+    assert!(s.batch_execute("SELECT 1").await.is_err(), "the killed connection reports an error");
+    assert_eq!(sweep(&obs, &pool).await, (1, 0, None), "the lock is free at once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_tier_claim_holds_its_keys_until_the_files_are_deleted() {
+    let obs = connect().await;
+    let c = connect().await;
+    let w = connect().await;
+    let pool = alkblobs_tests::pg::pool(&obs, "race-local", "0 seconds", "60 seconds").await;
+    let dead = key(b"file nobody wants");
+    let wanted = key(b"file a writer is about to re-publish");
+    let pinned = key(b"file with a pin");
+    obs.execute("SELECT alkblobs_pin_new($1, $2, 'holder')", &[&pool, &pinned])
+        .await
+        .unwrap();
+    let staged: i64 = obs
+        .query_one(
+            "SELECT alkblobs_stage($1, $2)",
+            &[&pool, &vec![dead.clone(), wanted.clone(), pinned.clone()]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(staged, 2, "the pinned file is not staged");
+
+    // The client claims due files inside its transaction...
+    c.batch_execute("BEGIN").await.unwrap();
+    let claimed: Vec<Vec<u8>> = c
+        .query("SELECT * FROM alkblobs_claim_local($1)", &[&pool])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut want = vec![dead.clone(), wanted.clone()];
+    want.sort();
+    assert_eq!(claimed, want);
+    // ...and while it deletes them, a writer re-pinning one must wait.
+    let w_pid = pid(&w).await;
+    let (p2, k2) = (pool.clone(), wanted.clone());
+    let writer = tokio::spawn(async move {
+        w.execute("SELECT alkblobs_pin_new($1, $2, 'writer')", &[&p2, &k2]).await
+    });
+    assert!(waits_on_lock(&obs, w_pid).await, "pin_new did not wait for the claim");
+    c.batch_execute("COMMIT").await.unwrap();
+    writer.await.unwrap().unwrap();
+    // The writer now holds a pin and republishes the file; nothing is staged.
+    let left: i64 = obs
+        .query_one("SELECT count(*) FROM alkblobs_staged WHERE pool = $1", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    let held = obs
+        .query("SELECT * FROM alkblobs_pins_held($1, 'writer', $2)", &[&pool, &vec![wanted.clone()]])
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+}
