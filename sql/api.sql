@@ -839,9 +839,11 @@ END $$;
 -- Runs sweep calls until no due row is left, committing between calls so
 -- that no transaction unlinks more than max_unlinks large objects. Use with
 -- CALL outside a transaction block.
+-- (No SET clause: a procedure with one cannot COMMIT. It is not SECURITY
+-- DEFINER and names everything schema-qualified, so search_path cannot
+-- redirect it.)
 CREATE PROCEDURE @extschema@.alkblobs_sweep_all(pool text, max_unlinks integer DEFAULT 1000)
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     r record;
     first boolean := true;

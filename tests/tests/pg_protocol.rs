@@ -1,1 +1,268 @@
-//! placeholder
+//! The extension's protocol at scale and under load, on the test server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use alkblobs_tests::pg::{connect, exists, key, pool, sqlstate};
+
+async fn objects(c: &tokio_postgres::Client, pool: &str) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM alkblobs.entries e JOIN alkblobs.pools p ON p.id = e.pool
+           JOIN pg_largeobject_metadata m ON m.oid = e.loid WHERE p.name = $1",
+        &[&pool],
+    )
+    .await
+    .unwrap()
+    .get::<_, i64>(0)
+}
+
+/// 100,000 dead large objects: one call unlinks at most `max_unlinks` and
+/// says how many remain; `CALL alkblobs_sweep_all` finishes the job across
+/// transactions; a single unbounded transaction would run out of lock
+/// table (which is why the bound exists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches() {
+    let c = connect().await;
+    let pool = pool(&c, "lo-100k", "0 seconds", "60 seconds").await;
+    c.execute(
+        "INSERT INTO alkblobs.entries (pool, key, size, tier, loid)
+         SELECT p.id, alkblobs_key(int8send(g)), 8, 'lo', lo_from_bytea(0, int8send(g))
+           FROM alkblobs.pools p, generate_series(1, 100000) g WHERE p.name = $1",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    assert_eq!(objects(&c, &pool).await, 100_000);
+
+    // One unbounded transaction cannot hold 100k lo_unlink locks.
+    let err = c
+        .query_one("SELECT * FROM alkblobs_sweep($1, max_unlinks => 100000)", &[&pool])
+        .await
+        .expect_err("100k unlinks in one transaction must exhaust the lock table");
+    assert_eq!(sqlstate(&err), "53200", "{err}");
+    assert_eq!(objects(&c, &pool).await, 100_000, "the failed call rolled back");
+
+    // A bounded call does part of the work and reports the rest.
+    let row = c
+        .query_one(
+            "SELECT staged, deleted, remaining FROM alkblobs_sweep($1, max_unlinks => 1000)",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    let (staged, deleted, remaining): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!((staged, deleted, remaining), (100_000, 1000, 99_000));
+    assert_eq!(objects(&c, &pool).await, 99_000);
+
+    // The procedure commits between calls and finishes.
+    let t = Instant::now();
+    c.batch_execute(&format!("CALL alkblobs_sweep_all('{pool}', 2000)"))
+        .await
+        .unwrap();
+    eprintln!("sweep_all of 99,000 large objects: {:.1?}", t.elapsed());
+    assert_eq!(objects(&c, &pool).await, 0);
+    let left: i64 = c
+        .query_one(
+            "SELECT lo_entries + staged FROM alkblobs_usage WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+}
+
+/// Several connections put, record liveness and let go while a sweeper
+/// loops with a zero window; every key a worker holds pinned or recorded is
+/// present whenever the worker looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writers_racing_a_sweeper_never_lose_a_protected_key() {
+    let setup = connect().await;
+    let pool = pool(&setup, "stress", "0 seconds", "60 seconds").await;
+    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
+    setup
+        .batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY, worker int)"))
+        .await
+        .unwrap();
+    setup
+        .execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&pool, &table])
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let deleted = Arc::new(AtomicU64::new(0));
+    let sweeps = Arc::new(AtomicU64::new(0));
+    let sweeper = {
+        let (pool, stop, deleted, sweeps) = (pool.clone(), stop.clone(), deleted.clone(), sweeps.clone());
+        tokio::spawn(async move {
+            let s = connect().await;
+            while !stop.load(Ordering::SeqCst) {
+                let r = s
+                    .query_one("SELECT deleted, aborted FROM alkblobs_sweep($1)", &[&pool])
+                    .await
+                    .unwrap();
+                deleted.fetch_add(r.get::<_, i64>(0) as u64, Ordering::SeqCst);
+                assert_eq!(r.get::<_, Option<String>>(1), None);
+                sweeps.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    let workers: Vec<_> = (0..4i32)
+        .map(|w| {
+            let (pool, table, sweeps) = (pool.clone(), table.clone(), sweeps.clone());
+            tokio::spawn(async move {
+                let c = connect().await;
+                let owner = format!("worker-{w}");
+                for i in 0u64.. {
+                    if i >= 150 && sweeps.load(Ordering::SeqCst) >= 30 {
+                        break;
+                    }
+                    // A shared content pool: puts dedup onto dying entries.
+                    let value = format!("content {}", (i * 7 + w as u64) % 40).into_bytes();
+                    let k = key(&value);
+                    c.query_one("SELECT alkblobs_put($1, $2, $3, $4)", &[&pool, &k, &value, &owner])
+                        .await
+                        .unwrap();
+                    assert!(exists(&c, &pool, &k).await, "a pinned key is missing");
+                    let record = i % 3 == 0;
+                    if record {
+                        c.execute(
+                            &format!("INSERT INTO {table} (key, worker) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING"),
+                            &[&k, &w],
+                        )
+                        .await
+                        .unwrap();
+                    }
+                    c.query_one("SELECT alkblobs_unpin($1, $2, $3)", &[&pool, &k, &owner])
+                        .await
+                        .unwrap();
+                    if record {
+                        let held: i64 = c
+                            .query_one(&format!("SELECT count(*) FROM {table} WHERE key = $1"), &[&k])
+                            .await
+                            .unwrap()
+                            .get(0);
+                        if held == 1 {
+                            assert!(exists(&c, &pool, &k).await, "a recorded key was deleted");
+                        }
+                        if i % 2 == 0 {
+                            c.execute(&format!("DELETE FROM {table} WHERE key = $1 AND worker = $2"), &[&k, &w])
+                                .await
+                                .unwrap();
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    sweeper.await.unwrap();
+    let live: Vec<Vec<u8>> = setup
+        .query(&format!("SELECT key FROM {table}"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for k in &live {
+        assert!(exists(&setup, &pool, k).await, "a live key was lost");
+    }
+    assert!(sweeps.load(Ordering::SeqCst) >= 30);
+    assert!(deleted.load(Ordering::SeqCst) > 0, "the sweeper collected something");
+}
+
+/// Renewing 10,000 pins of one owner is one statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_ten_thousand_pins_is_one_statement() {
+    let c = connect().await;
+    let pool = pool(&c, "renew-10k", "5 minutes", "60 seconds").await;
+    c.execute(
+        "SELECT count(alkblobs_put($1, alkblobs_key(int8send(g)), int8send(g), 'owner-1'))
+           FROM generate_series(1, 10000) g",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let n: i64 = c
+        .query_one("SELECT alkblobs_renew($1, 'owner-1')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    eprintln!("renewed {n} pins in {:.1?}", t.elapsed());
+    assert_eq!(n, 10_000);
+    let min_left: f64 = c
+        .query_one(
+            "SELECT extract(epoch FROM min(expires_at) - clock_timestamp())::float8 FROM alkblobs.pins pn
+               JOIN alkblobs.pools p ON p.id = pn.pool WHERE p.name = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(min_left > 50.0, "every pin now expires a full TTL out ({min_left}s)");
+}
+
+/// The upgrade path exists and applies; DROP and CREATE are clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_extension_upgrades_and_drops_cleanly() {
+    let admin = connect().await;
+    let db = format!("alkblobs_upgrade_{}", std::process::id());
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}")).await.unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {db}")).await.unwrap();
+    let url = alkblobs_tests::pg::url();
+    let base = url.rsplit_once('/').map(|(b, _)| b).unwrap();
+    let (c, conn) = tokio_postgres::connect(&format!("{base}/{db}"), tokio_postgres::NoTls).await.unwrap();
+    let task = tokio::spawn(conn);
+    c.batch_execute("CREATE EXTENSION alkblobs VERSION '0.1.0'").await.unwrap();
+    c.batch_execute("SELECT alkblobs_create_pool('u', '0 seconds')").await.unwrap();
+    c.batch_execute("ALTER EXTENSION alkblobs UPDATE TO '0.2.0'").await.unwrap();
+    let v: String = c
+        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'alkblobs'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v, "0.2.0");
+    let pools: i64 = c.query_one("SELECT count(*) FROM alkblobs_pools", &[]).await.unwrap().get(0);
+    assert_eq!(pools, 1, "the upgrade kept the data");
+    c.batch_execute("DROP EXTENSION alkblobs").await.unwrap();
+    let left: i64 = c
+        .query_one("SELECT count(*) FROM pg_namespace WHERE nspname = 'alkblobs'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "DROP EXTENSION removes the internal schema");
+    drop(c);
+    let _ = task.await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}")).await.unwrap();
+}
+
+/// Bad calls from a client get deliberate SQLSTATEs (the driver sees them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_from_a_client_gets_sqlstates_and_changes_nothing() {
+    let c = connect().await;
+    let pool = pool(&c, "bad-input", "0 seconds", "60 seconds").await;
+    let short: &[u8] = b"short";
+    let e = c
+        .query_one("SELECT alkblobs_put($1, $2, 'x'::bytea, 'o')", &[&pool, &short])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "22023");
+    let e = c
+        .query_one("SELECT alkblobs_put($1, $2, 'wrong'::bytea, 'o')", &[&pool, &key(b"right")])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "AB001");
+    let e = c.query_one("SELECT * FROM alkblobs_sweep('no-such-pool')", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42704");
+    let entries: i64 = c
+        .query_one("SELECT kv_entries + pins FROM alkblobs_usage WHERE pool = $1", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(entries, 0);
+}
