@@ -63,7 +63,9 @@ pub fn key(bytes: &[u8]) -> Vec<u8> {
 
 /// The SQLSTATE of a failed statement.
 pub fn sqlstate(e: &tokio_postgres::Error) -> String {
-    e.code().map(|c| c.code().to_owned()).unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+    e.code()
+        .map(|c| c.code().to_owned())
+        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
 }
 
 /// Whether `pid` is waiting on a heavyweight lock (proof a race test really
@@ -90,7 +92,10 @@ pub async fn waits_on_lock(observer: &Client, pid: i32) -> bool {
 
 /// The backend pid of a connection.
 pub async fn pid(c: &Client) -> i32 {
-    c.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0)
+    c.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
 }
 
 /// Whether `key` is an entry of `pool`.

@@ -37,11 +37,18 @@ async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches(
 
     // One unbounded transaction cannot hold 100k lo_unlink locks.
     let err = c
-        .query_one("SELECT * FROM alkblobs_sweep($1, max_unlinks => 100000)", &[&pool])
+        .query_one(
+            "SELECT * FROM alkblobs_sweep($1, max_unlinks => 100000)",
+            &[&pool],
+        )
         .await
         .expect_err("100k unlinks in one transaction must exhaust the lock table");
     assert_eq!(sqlstate(&err), "53200", "{err}");
-    assert_eq!(objects(&c, &pool).await, 100_000, "the failed call rolled back");
+    assert_eq!(
+        objects(&c, &pool).await,
+        100_000,
+        "the failed call rolled back"
+    );
 
     // A bounded call does part of the work and reports the rest.
     let row = c
@@ -82,18 +89,24 @@ async fn writers_racing_a_sweeper_never_lose_a_protected_key() {
     let pool = pool(&setup, "stress", "0 seconds", "60 seconds").await;
     let table = format!("live_{}", pool.replace(['-', '.'], "_"));
     setup
-        .batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY, worker int)"))
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (key bytea PRIMARY KEY, worker int)"
+        ))
         .await
         .unwrap();
     setup
-        .execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&pool, &table])
+        .execute(
+            "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+            &[&pool, &table],
+        )
         .await
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let deleted = Arc::new(AtomicU64::new(0));
     let sweeps = Arc::new(AtomicU64::new(0));
     let sweeper = {
-        let (pool, stop, deleted, sweeps) = (pool.clone(), stop.clone(), deleted.clone(), sweeps.clone());
+        let (pool, stop, deleted, sweeps) =
+            (pool.clone(), stop.clone(), deleted.clone(), sweeps.clone());
         tokio::spawn(async move {
             let s = connect().await;
             while !stop.load(Ordering::SeqCst) {
@@ -171,7 +184,10 @@ async fn writers_racing_a_sweeper_never_lose_a_protected_key() {
         assert!(exists(&setup, &pool, k).await, "a live key was lost");
     }
     assert!(sweeps.load(Ordering::SeqCst) >= 30);
-    assert!(deleted.load(Ordering::SeqCst) > 0, "the sweeper collected something");
+    assert!(
+        deleted.load(Ordering::SeqCst) > 0,
+        "the sweeper collected something"
+    );
 }
 
 /// Renewing 10,000 pins of one owner is one statement.
@@ -203,7 +219,10 @@ async fn renewing_ten_thousand_pins_is_one_statement() {
         .await
         .unwrap()
         .get(0);
-    assert!(min_left > 50.0, "every pin now expires a full TTL out ({min_left}s)");
+    assert!(
+        min_left > 50.0,
+        "every pin now expires a full TTL out ({min_left}s)"
+    );
 }
 
 /// The upgrade path exists and applies; DROP and CREATE are clean.
@@ -211,26 +230,50 @@ async fn renewing_ten_thousand_pins_is_one_statement() {
 async fn the_extension_upgrades_and_drops_cleanly() {
     let admin = connect().await;
     let db = format!("alkblobs_upgrade_{}", std::process::id());
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}")).await.unwrap();
-    admin.batch_execute(&format!("CREATE DATABASE {db}")).await.unwrap();
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
     let url = alkblobs_tests::pg::url();
     let base = url.rsplit_once('/').map(|(b, _)| b).unwrap();
-    let (c, conn) = tokio_postgres::connect(&format!("{base}/{db}"), tokio_postgres::NoTls).await.unwrap();
+    let (c, conn) = tokio_postgres::connect(&format!("{base}/{db}"), tokio_postgres::NoTls)
+        .await
+        .unwrap();
     let task = tokio::spawn(conn);
-    c.batch_execute("CREATE EXTENSION alkblobs VERSION '0.1.0'").await.unwrap();
-    c.batch_execute("SELECT alkblobs_create_pool('u', '0 seconds')").await.unwrap();
-    c.batch_execute("ALTER EXTENSION alkblobs UPDATE TO '0.2.0'").await.unwrap();
+    c.batch_execute("CREATE EXTENSION alkblobs VERSION '0.1.0'")
+        .await
+        .unwrap();
+    c.batch_execute("SELECT alkblobs_create_pool('u', '0 seconds')")
+        .await
+        .unwrap();
+    c.batch_execute("ALTER EXTENSION alkblobs UPDATE TO '0.2.0'")
+        .await
+        .unwrap();
     let v: String = c
-        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'alkblobs'", &[])
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'alkblobs'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     assert_eq!(v, "0.2.0");
-    let pools: i64 = c.query_one("SELECT count(*) FROM alkblobs_pools", &[]).await.unwrap().get(0);
+    let pools: i64 = c
+        .query_one("SELECT count(*) FROM alkblobs_pools", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(pools, 1, "the upgrade kept the data");
     c.batch_execute("DROP EXTENSION alkblobs").await.unwrap();
     let left: i64 = c
-        .query_one("SELECT count(*) FROM pg_namespace WHERE nspname = 'alkblobs'", &[])
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'alkblobs'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -238,7 +281,10 @@ async fn the_extension_upgrades_and_drops_cleanly() {
     drop(c);
     let _ = task.await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}")).await.unwrap();
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
+        .await
+        .unwrap();
 }
 
 /// Bad calls from a client get deliberate SQLSTATEs (the driver sees them).
@@ -248,19 +294,31 @@ async fn bad_input_from_a_client_gets_sqlstates_and_changes_nothing() {
     let pool = pool(&c, "bad-input", "0 seconds", "60 seconds").await;
     let short: &[u8] = b"short";
     let e = c
-        .query_one("SELECT alkblobs_put($1, $2, 'x'::bytea, 'o')", &[&pool, &short])
+        .query_one(
+            "SELECT alkblobs_put($1, $2, 'x'::bytea, 'o')",
+            &[&pool, &short],
+        )
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&e), "22023");
     let e = c
-        .query_one("SELECT alkblobs_put($1, $2, 'wrong'::bytea, 'o')", &[&pool, &key(b"right")])
+        .query_one(
+            "SELECT alkblobs_put($1, $2, 'wrong'::bytea, 'o')",
+            &[&pool, &key(b"right")],
+        )
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&e), "AB001");
-    let e = c.query_one("SELECT * FROM alkblobs_sweep('no-such-pool')", &[]).await.unwrap_err();
+    let e = c
+        .query_one("SELECT * FROM alkblobs_sweep('no-such-pool')", &[])
+        .await
+        .unwrap_err();
     assert_eq!(sqlstate(&e), "42704");
     let entries: i64 = c
-        .query_one("SELECT kv_entries + pins FROM alkblobs_usage WHERE pool = $1", &[&pool])
+        .query_one(
+            "SELECT kv_entries + pins FROM alkblobs_usage WHERE pool = $1",
+            &[&pool],
+        )
         .await
         .unwrap()
         .get(0);

@@ -9,22 +9,31 @@ use alkblobs_tests::pg::{connect, exists, key, pid, pool, sqlstate, waits_on_loc
 use tokio_postgres::Client;
 
 async fn put(c: &Client, pool: &str, value: &[u8], owner: &str) -> bool {
-    c.query_one("SELECT alkblobs_put($1, $2, $3, $4)", &[&pool, &key(value), &value, &owner])
-        .await
-        .unwrap()
-        .get(0)
+    c.query_one(
+        "SELECT alkblobs_put($1, $2, $3, $4)",
+        &[&pool, &key(value), &value, &owner],
+    )
+    .await
+    .unwrap()
+    .get(0)
 }
 
 async fn unpin(c: &Client, pool: &str, value: &[u8], owner: &str) {
-    c.query_one("SELECT alkblobs_unpin($1, $2, $3)", &[&pool, &key(value), &owner])
-        .await
-        .unwrap();
+    c.query_one(
+        "SELECT alkblobs_unpin($1, $2, $3)",
+        &[&pool, &key(value), &owner],
+    )
+    .await
+    .unwrap();
 }
 
 /// (deleted, kept, aborted) of one sweep call.
 async fn sweep(c: &Client, pool: &str) -> (i64, i64, Option<String>) {
     let r = c
-        .query_one("SELECT deleted, kept, aborted FROM alkblobs_sweep($1)", &[&pool])
+        .query_one(
+            "SELECT deleted, kept, aborted FROM alkblobs_sweep($1)",
+            &[&pool],
+        )
         .await
         .unwrap();
     (r.get(0), r.get(1), r.get(2))
@@ -58,11 +67,17 @@ async fn a_pin_committing_while_the_executor_decides_keeps_the_key() {
     let s_pid = pid(&s).await;
     let pool2 = pool.clone();
     let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
-    assert!(waits_on_lock(&obs, s_pid).await, "the executor did not wait for the pin");
+    assert!(
+        waits_on_lock(&obs, s_pid).await,
+        "the executor did not wait for the pin"
+    );
     p.batch_execute("COMMIT").await.unwrap();
     let (deleted, kept, aborted) = sweeper.await.unwrap();
     assert_eq!((deleted, kept, aborted), (0, 1, None));
-    assert!(exists(&obs, &pool, &k).await, "a committed pin lost its key");
+    assert!(
+        exists(&obs, &pool, &k).await,
+        "a committed pin lost its key"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -75,15 +90,24 @@ async fn a_put_committing_while_the_executor_decides_keeps_the_key() {
     let k = garbage(&obs, &pool, value).await;
 
     p.batch_execute("BEGIN").await.unwrap();
-    assert!(!put(&p, &pool, value, "writer").await, "a dedup put is not new");
+    assert!(
+        !put(&p, &pool, value, "writer").await,
+        "a dedup put is not new"
+    );
     let s_pid = pid(&s).await;
     let pool2 = pool.clone();
     let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
-    assert!(waits_on_lock(&obs, s_pid).await, "the executor did not wait for the put");
+    assert!(
+        waits_on_lock(&obs, s_pid).await,
+        "the executor did not wait for the put"
+    );
     p.batch_execute("COMMIT").await.unwrap();
     let (deleted, _, aborted) = sweeper.await.unwrap();
     assert_eq!((deleted, aborted), (0, None));
-    assert!(exists(&obs, &pool, &k).await, "a committed put lost its key");
+    assert!(
+        exists(&obs, &pool, &k).await,
+        "a committed put lost its key"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -104,12 +128,18 @@ async fn a_put_racing_an_executor_that_already_decided_recreates_the_entry() {
     let p_pid = pid(&p).await;
     let pool2 = pool.clone();
     let putter = tokio::spawn(async move { put(&p, &pool2, value, "writer").await });
-    assert!(waits_on_lock(&obs, p_pid).await, "the put did not wait for the executor");
+    assert!(
+        waits_on_lock(&obs, p_pid).await,
+        "the put did not wait for the executor"
+    );
     s.batch_execute("COMMIT").await.unwrap();
     assert!(putter.await.unwrap(), "the put must report a new entry");
     assert!(exists(&obs, &pool, &k).await, "the put's entry was lost");
     let pins = obs
-        .query_one("SELECT count(*) FROM alkblobs_pins WHERE pool = $1 AND NOT expired", &[&pool])
+        .query_one(
+            "SELECT count(*) FROM alkblobs_pins WHERE pool = $1 AND NOT expired",
+            &[&pool],
+        )
         .await
         .unwrap()
         .get::<_, i64>(0);
@@ -133,7 +163,10 @@ async fn a_pin_racing_an_executor_that_already_decided_reports_the_key_gone() {
             .unwrap()
             .get::<_, bool>(0)
     });
-    assert!(waits_on_lock(&obs, p_pid).await, "the pin did not wait for the executor");
+    assert!(
+        waits_on_lock(&obs, p_pid).await,
+        "the pin did not wait for the executor"
+    );
     s.batch_execute("COMMIT").await.unwrap();
     assert!(!pinner.await.unwrap(), "a pin of a collected key must fail");
     assert!(!exists(&obs, &pool, &k).await);
@@ -149,9 +182,12 @@ async fn a_liveness_row_written_while_the_executor_deletes_fails_with_ab002() {
     obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
         .await
         .unwrap();
-    obs.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&pool, &table])
-        .await
-        .unwrap();
+    obs.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
     let k = garbage(&obs, &pool, b"live after the decision").await;
 
     s.batch_execute("BEGIN").await.unwrap();
@@ -159,11 +195,18 @@ async fn a_liveness_row_written_while_the_executor_deletes_fails_with_ab002() {
     let l_pid = pid(&l).await;
     let (t2, k2) = (table.clone(), k.clone());
     let writer = tokio::spawn(async move {
-        l.execute(&format!("INSERT INTO {t2} (key) VALUES ($1)"), &[&k2]).await
+        l.execute(&format!("INSERT INTO {t2} (key) VALUES ($1)"), &[&k2])
+            .await
     });
-    assert!(waits_on_lock(&obs, l_pid).await, "the liveness write did not wait");
+    assert!(
+        waits_on_lock(&obs, l_pid).await,
+        "the liveness write did not wait"
+    );
     s.batch_execute("COMMIT").await.unwrap();
-    let err = writer.await.unwrap().expect_err("a liveness row for a collected key must fail");
+    let err = writer
+        .await
+        .unwrap()
+        .expect_err("a liveness row for a collected key must fail");
     assert_eq!(sqlstate(&err), "AB002", "{err}");
     let rows: i64 = obs
         .query_one(&format!("SELECT count(*) FROM {table}"), &[])
@@ -183,9 +226,12 @@ async fn a_liveness_row_written_before_the_executor_decides_keeps_the_key() {
     obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
         .await
         .unwrap();
-    obs.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&pool, &table])
-        .await
-        .unwrap();
+    obs.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
     let k = garbage(&obs, &pool, b"live before the decision").await;
 
     // The embedder records the key in an open transaction: the guard
@@ -198,11 +244,17 @@ async fn a_liveness_row_written_before_the_executor_decides_keeps_the_key() {
     let s_pid = pid(&s).await;
     let pool2 = pool.clone();
     let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
-    assert!(waits_on_lock(&obs, s_pid).await, "the executor did not wait for the liveness row");
+    assert!(
+        waits_on_lock(&obs, s_pid).await,
+        "the executor did not wait for the liveness row"
+    );
     l.batch_execute("COMMIT").await.unwrap();
     let (deleted, kept, aborted) = sweeper.await.unwrap();
     assert_eq!((deleted, kept, aborted), (0, 1, None));
-    assert!(exists(&obs, &pool, &k).await, "a committed liveness row lost its key");
+    assert!(
+        exists(&obs, &pool, &k).await,
+        "a committed liveness row lost its key"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -211,22 +263,33 @@ async fn a_second_sweeper_gets_the_sweeper_lock_abort_and_deletes_nothing() {
     let s1 = connect().await;
     let s2 = connect().await;
     let pool = pool(&obs, "race-sweepers", "0 seconds", "60 seconds").await;
-    let other = alkblobs_tests::pg::pool(&obs, "race-sweepers-other", "0 seconds", "60 seconds").await;
+    let other =
+        alkblobs_tests::pg::pool(&obs, "race-sweepers-other", "0 seconds", "60 seconds").await;
     let k = garbage(&obs, &pool, b"two sweepers").await;
     let k_other = garbage(&obs, &other, b"two sweepers, other pool").await;
 
     s1.batch_execute("BEGIN").await.unwrap();
     let r = s1
-        .query_one("SELECT deleted FROM alkblobs_sweep($1, dry_run => true)", &[&pool])
+        .query_one(
+            "SELECT deleted FROM alkblobs_sweep($1, dry_run => true)",
+            &[&pool],
+        )
         .await
         .unwrap();
     assert_eq!(r.get::<_, i64>(0), 0);
     let row = s2
-        .query_one("SELECT examined, deleted, aborted FROM alkblobs_sweep($1)", &[&pool])
+        .query_one(
+            "SELECT examined, deleted, aborted FROM alkblobs_sweep($1)",
+            &[&pool],
+        )
         .await
         .unwrap();
     assert_eq!(
-        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, Option<String>>(2)),
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, Option<String>>(2)
+        ),
         (0, 0, Some("sweeper_lock".into()))
     );
     assert!(exists(&obs, &pool, &k).await);
@@ -246,18 +309,38 @@ async fn an_expired_pin_protects_nothing_and_is_not_revived_by_renewal() {
     put(&obs, &pool, renewed, "node-a").await;
     put(&obs, &pool, expired, "node-b").await;
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
-    let n: i64 = obs.query_one("SELECT alkblobs_renew($1, 'node-a')", &[&pool]).await.unwrap().get(0);
+    let n: i64 = obs
+        .query_one("SELECT alkblobs_renew($1, 'node-a')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1);
     tokio::time::sleep(std::time::Duration::from_millis(600)).await;
     // node-b's pin expired: renewing it now revives nothing.
-    let n: i64 = obs.query_one("SELECT alkblobs_renew($1, 'node-b')", &[&pool]).await.unwrap().get(0);
+    let n: i64 = obs
+        .query_one("SELECT alkblobs_renew($1, 'node-b')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 0, "an expired pin must not be revived");
     let held = obs
-        .query("SELECT * FROM alkblobs_pins_held($1, 'node-b', $2)", &[&pool, &vec![key(expired)]])
+        .query(
+            "SELECT * FROM alkblobs_pins_held($1, 'node-b', $2)",
+            &[&pool, &vec![key(expired)]],
+        )
         .await
         .unwrap();
-    assert!(held.is_empty(), "node-b must learn its pin is gone before publishing");
-    let row = obs.query_one("SELECT deleted, pins_reaped FROM alkblobs_sweep($1)", &[&pool]).await.unwrap();
+    assert!(
+        held.is_empty(),
+        "node-b must learn its pin is gone before publishing"
+    );
+    let row = obs
+        .query_one(
+            "SELECT deleted, pins_reaped FROM alkblobs_sweep($1)",
+            &[&pool],
+        )
+        .await
+        .unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (1, 1));
     assert!(exists(&obs, &pool, &key(renewed)).await);
     assert!(!exists(&obs, &pool, &key(expired)).await);
@@ -275,7 +358,11 @@ async fn a_renewal_racing_the_reaper_at_expiry_keeps_the_pin() {
     // The owner renews (the pin is still valid) in a transaction that stays
     // open past the pin's original expiry.
     r.batch_execute("BEGIN").await.unwrap();
-    let n: i64 = r.query_one("SELECT alkblobs_renew($1, 'node-a')", &[&pool]).await.unwrap().get(0);
+    let n: i64 = r
+        .query_one("SELECT alkblobs_renew($1, 'node-a')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     // The reaper sees the committed (expired) version, must wait for the
@@ -284,15 +371,28 @@ async fn a_renewal_racing_the_reaper_at_expiry_keeps_the_pin() {
     let pool2 = pool.clone();
     let sweeper = tokio::spawn(async move {
         let row = s
-            .query_one("SELECT deleted, pins_reaped, aborted FROM alkblobs_sweep($1)", &[&pool2])
+            .query_one(
+                "SELECT deleted, pins_reaped, aborted FROM alkblobs_sweep($1)",
+                &[&pool2],
+            )
             .await
             .unwrap();
-        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, Option<String>>(2))
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, Option<String>>(2),
+        )
     });
-    assert!(waits_on_lock(&obs, s_pid).await, "the reaper did not wait for the renewal");
+    assert!(
+        waits_on_lock(&obs, s_pid).await,
+        "the reaper did not wait for the renewal"
+    );
     r.batch_execute("COMMIT").await.unwrap();
     assert_eq!(sweeper.await.unwrap(), (0, 0, None));
-    assert!(exists(&obs, &pool, &key(value)).await, "a renewed pin lost its key");
+    assert!(
+        exists(&obs, &pool, &key(value)).await,
+        "a renewed pin lost its key"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -305,9 +405,12 @@ async fn dropping_a_liveness_table_waits_for_the_sweep_and_then_unregisters_it()
     obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
         .await
         .unwrap();
-    obs.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&pool, &table])
-        .await
-        .unwrap();
+    obs.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
     let k = garbage(&obs, &pool, b"live in a dropped table").await;
     obs.execute(&format!("INSERT INTO {table} (key) VALUES ($1)"), &[&k])
         .await
@@ -318,11 +421,17 @@ async fn dropping_a_liveness_table_waits_for_the_sweep_and_then_unregisters_it()
     let d_pid = pid(&d).await;
     let t2 = table.clone();
     let dropper = tokio::spawn(async move { d.batch_execute(&format!("DROP TABLE {t2}")).await });
-    assert!(waits_on_lock(&obs, d_pid).await, "DROP TABLE did not wait for the sweep");
+    assert!(
+        waits_on_lock(&obs, d_pid).await,
+        "DROP TABLE did not wait for the sweep"
+    );
     s.batch_execute("COMMIT").await.unwrap();
     dropper.await.unwrap().unwrap();
     let tables: i64 = obs
-        .query_one("SELECT liveness_tables FROM alkblobs_usage WHERE pool = $1", &[&pool])
+        .query_one(
+            "SELECT liveness_tables FROM alkblobs_usage WHERE pool = $1",
+            &[&pool],
+        )
         .await
         .unwrap()
         .get(0);
@@ -343,22 +452,35 @@ async fn registering_a_liveness_table_waits_for_a_running_sweep() {
         .unwrap();
     let k = garbage(&obs, &pool, b"registered mid-sweep").await;
     s.batch_execute("BEGIN").await.unwrap();
-    s.query_one("SELECT * FROM alkblobs_sweep($1, dry_run => true)", &[&pool])
-        .await
-        .unwrap();
+    s.query_one(
+        "SELECT * FROM alkblobs_sweep($1, dry_run => true)",
+        &[&pool],
+    )
+    .await
+    .unwrap();
     let g_pid = pid(&g).await;
     let (p2, t2) = (pool.clone(), table.clone());
     let registrar = tokio::spawn(async move {
-        g.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&p2, &t2])
-            .await
+        g.execute(
+            "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+            &[&p2, &t2],
+        )
+        .await
     });
-    assert!(waits_on_lock(&obs, g_pid).await, "registration did not wait for the sweep");
+    assert!(
+        waits_on_lock(&obs, g_pid).await,
+        "registration did not wait for the sweep"
+    );
     s.batch_execute("COMMIT").await.unwrap();
     registrar.await.unwrap().unwrap();
     obs.execute(&format!("INSERT INTO {table} (key) VALUES ($1)"), &[&k])
         .await
         .unwrap();
-    assert_eq!(sweep(&obs, &pool).await, (0, 0, None), "the new table protects");
+    assert_eq!(
+        sweep(&obs, &pool).await,
+        (0, 0, None),
+        "the new table protects"
+    );
     assert!(exists(&obs, &pool, &k).await);
 }
 
@@ -377,7 +499,10 @@ async fn a_sweeper_killed_mid_sweep_deletes_nothing_and_frees_the_lock() {
     // Its transaction died with it: the delete is undone, the lock gone.
     for _ in 0..100 {
         let alive: i64 = obs
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&s_pid])
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&s_pid],
+            )
             .await
             .unwrap()
             .get(0);
@@ -386,9 +511,19 @@ async fn a_sweeper_killed_mid_sweep_deletes_nothing_and_frees_the_lock() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    assert!(exists(&obs, &pool, &k).await, "a killed sweep's delete must roll back");
-    assert!(s.batch_execute("SELECT 1").await.is_err(), "the killed connection reports an error");
-    assert_eq!(sweep(&obs, &pool).await, (1, 0, None), "the lock is free at once");
+    assert!(
+        exists(&obs, &pool, &k).await,
+        "a killed sweep's delete must roll back"
+    );
+    assert!(
+        s.batch_execute("SELECT 1").await.is_err(),
+        "the killed connection reports an error"
+    );
+    assert_eq!(
+        sweep(&obs, &pool).await,
+        (1, 0, None),
+        "the lock is free at once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -400,9 +535,12 @@ async fn a_local_tier_claim_holds_its_keys_until_the_files_are_deleted() {
     let dead = key(b"file nobody wants");
     let wanted = key(b"file a writer is about to re-publish");
     let pinned = key(b"file with a pin");
-    obs.execute("SELECT alkblobs_pin_new($1, $2, 'holder')", &[&pool, &pinned])
-        .await
-        .unwrap();
+    obs.execute(
+        "SELECT alkblobs_pin_new($1, $2, 'holder')",
+        &[&pool, &pinned],
+    )
+    .await
+    .unwrap();
     let staged: i64 = obs
         .query_one(
             "SELECT alkblobs_stage($1, $2)",
@@ -429,20 +567,30 @@ async fn a_local_tier_claim_holds_its_keys_until_the_files_are_deleted() {
     let w_pid = pid(&w).await;
     let (p2, k2) = (pool.clone(), wanted.clone());
     let writer = tokio::spawn(async move {
-        w.execute("SELECT alkblobs_pin_new($1, $2, 'writer')", &[&p2, &k2]).await
+        w.execute("SELECT alkblobs_pin_new($1, $2, 'writer')", &[&p2, &k2])
+            .await
     });
-    assert!(waits_on_lock(&obs, w_pid).await, "pin_new did not wait for the claim");
+    assert!(
+        waits_on_lock(&obs, w_pid).await,
+        "pin_new did not wait for the claim"
+    );
     c.batch_execute("COMMIT").await.unwrap();
     writer.await.unwrap().unwrap();
     // The writer now holds a pin and republishes the file; nothing is staged.
     let left: i64 = obs
-        .query_one("SELECT count(*) FROM alkblobs_staged WHERE pool = $1", &[&pool])
+        .query_one(
+            "SELECT count(*) FROM alkblobs_staged WHERE pool = $1",
+            &[&pool],
+        )
         .await
         .unwrap()
         .get(0);
     assert_eq!(left, 0);
     let held = obs
-        .query("SELECT * FROM alkblobs_pins_held($1, 'writer', $2)", &[&pool, &vec![wanted.clone()]])
+        .query(
+            "SELECT * FROM alkblobs_pins_held($1, 'writer', $2)",
+            &[&pool, &vec![wanted.clone()]],
+        )
         .await
         .unwrap();
     assert_eq!(held.len(), 1);

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs every test, as CI does (.ci/run calls this):
+#   1. installs what is missing (Debian packages, cargo-pgrx 0.18.1) and the
+#      extension into the system PostgreSQL 15 (scripts/install-extension.sh);
+#   2. formatting, clippy and rustdoc with warnings denied;
+#   3. the workspace suite: conformance over every engine and store
+#      configuration, bad input, crash and GC race tests, the CLI;
+#   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
+#      runs the golden SQL tests (scripts/regress.sh) and the PostgreSQL race
+#      and protocol suites over real connections, and stops the cluster.
+# Exits non-zero if anything fails. A PostgreSQL test that cannot reach its
+# server fails; none skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+step() { printf '\n==> %s (%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
+
+step "installing prerequisites and the extension"
+scripts/install-extension.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (workspace, then the extension)"
+cargo clippy --all-targets -- -D warnings
+cargo clippy -p alkblobs-pg -- -D warnings
+cargo clippy -p alkblobs-tests --features pg --tests -- -D warnings
+
+step "cargo doc (warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core
+
+step "workspace tests"
+cargo test --workspace --exclude alkblobs-pg
+
+step "starting a private PostgreSQL cluster"
+scripts/pg-cluster.sh stop >/dev/null 2>&1 || true
+trap 'scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+url=$(scripts/pg-cluster.sh start)
+psql -X -q "$url" -v ON_ERROR_STOP=1 -c "CREATE EXTENSION alkblobs"
+echo "extension created in $url"
+
+step "golden SQL tests (pg_regress)"
+scripts/regress.sh
+
+step "PostgreSQL race and protocol suites"
+ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol
+
+step "all tests passed"
