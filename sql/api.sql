@@ -196,19 +196,28 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- The hot path, so written as a few inline statements (no nested calls).
 CREATE FUNCTION @extschema@.alkblobs_put(pool text, key bytea, value bytea, owner text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    pl alkblobs.pools := alkblobs.pool($1);
+    pid integer;
+    ttl interval;
     actual bytea;
-    created boolean := false;
 BEGIN
-    PERFORM alkblobs.check_key($2);
-    PERFORM alkblobs.check_owner($4);
-    IF $3 IS NULL THEN
-        RAISE EXCEPTION 'value must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    SELECT p.id, p.pin_ttl INTO pid, ttl FROM alkblobs.pools p WHERE p.name = $1;
+    IF NOT FOUND THEN
+        PERFORM alkblobs.pool($1);  -- raises the unknown-pool error
+    END IF;
+    IF $2 IS NULL OR $3 IS NULL OR $4 IS NULL THEN
+        RAISE EXCEPTION 'key, value and owner must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF length($2) <> 32 THEN
+        PERFORM alkblobs.check_key($2);
+    END IF;
+    IF length($4) NOT BETWEEN 1 AND 200 THEN
+        PERFORM alkblobs.check_owner($4);
     END IF;
     actual := alkblobs.blake3($3);
     IF actual <> $2 THEN
@@ -217,27 +226,32 @@ BEGIN
     END IF;
     -- The entry row and the pin row commit together, or neither does.
     FOR attempt IN 1..5 LOOP
-        IF alkblobs.lock_entry(pl.id, $2) THEN
-            EXIT;
-        END IF;
         INSERT INTO alkblobs.entries (pool, key, size, tier, value)
-        VALUES (pl.id, $2, length($3), 'kv', $3)
+        VALUES (pid, $2, length($3), 'kv', $3)
         ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING;
         IF FOUND THEN
-            created := true;
-            EXIT;
+            -- New: a put restarts the key's window (clear stale staging).
+            DELETE FROM alkblobs.staged s WHERE s.pool = pid AND s.key = $2;
+            INSERT INTO alkblobs.pins AS pn (pool, key, owner, expires_at)
+            VALUES (pid, $2, $4, clock_timestamp() + ttl)
+            ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+            RETURN true;
         END IF;
-        -- Someone else committed it between our lock attempt and insert:
-        -- go round and lock theirs (it may be deleted again meanwhile).
+        -- Present. DO NOTHING did not wait for an executor that may be
+        -- deleting it right now; this lock does, and finds the row only if
+        -- it survived. Then it stays until we commit.
+        PERFORM 1 FROM alkblobs.entries e WHERE e.pool = pid AND e.key = $2 FOR KEY SHARE;
+        IF FOUND THEN
+            DELETE FROM alkblobs.staged s WHERE s.pool = pid AND s.key = $2;
+            INSERT INTO alkblobs.pins AS pn (pool, key, owner, expires_at)
+            VALUES (pid, $2, $4, clock_timestamp() + ttl)
+            ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+            RETURN false;
+        END IF;
+        -- Deleted while we waited: insert it afresh.
     END LOOP;
-    IF NOT created AND NOT alkblobs.lock_entry(pl.id, $2) THEN
-        RAISE EXCEPTION 'could not store key % in pool "%": it kept being deleted concurrently', encode($2, 'hex'), pl.name
-            USING ERRCODE = 'serialization_failure', HINT = 'Retry the put.';
-    END IF;
-    -- A put restarts the key's delete window.
-    DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
-    PERFORM alkblobs.pin_row(pl, $2, $4);
-    RETURN created;
+    RAISE EXCEPTION 'could not store key % in pool "%": it kept being deleted concurrently', encode($2, 'hex'), $1
+        USING ERRCODE = 'serialization_failure', HINT = 'Retry the put.';
 END $$;
 
 CREATE FUNCTION @extschema@.alkblobs_pin(pool text, key bytea, owner text)

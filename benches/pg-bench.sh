@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs the PostgreSQL benchmarks on the private cluster: installs the
+# extension, starts the cluster, runs benches/benches/pg.rs, stops it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-extension.sh >/dev/null
+url=$(scripts/pg-cluster.sh start)
+trap 'scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+psql -X -q "$url" -c "CREATE EXTENSION IF NOT EXISTS alkblobs"
+ALKBLOBS_PG_URL="$url" cargo bench -p alkblobs-benches --bench pg
