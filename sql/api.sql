@@ -204,9 +204,10 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pid integer;
     ttl interval;
+    tier text;
     actual bytea;
 BEGIN
-    SELECT p.id, p.pin_ttl INTO pid, ttl FROM alkblobs.pools p WHERE p.name = $1;
+    SELECT p.id, p.pin_ttl, p.large_tier INTO pid, ttl, tier FROM alkblobs.pools p WHERE p.name = $1;
     IF NOT FOUND THEN
         PERFORM alkblobs.pool($1);  -- raises the unknown-pool error
     END IF;
@@ -230,8 +231,13 @@ BEGIN
         VALUES (pid, $2, length($3), 'kv', $3)
         ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING;
         IF FOUND THEN
-            -- New: a put restarts the key's window (clear stale staging).
-            DELETE FROM alkblobs.staged s WHERE s.pool = pid AND s.key = $2;
+            -- A new entry has no staged row, unless the pool's local tier
+            -- staged a file of the same key: a put restarts its window.
+            -- (The executor removes a kv/lo key's staged row when it
+            -- deletes the entry.)
+            IF tier = 'local' THEN
+                DELETE FROM alkblobs.staged s WHERE s.pool = pid AND s.key = $2;
+            END IF;
             INSERT INTO alkblobs.pins AS pn (pool, key, owner, expires_at)
             VALUES (pid, $2, $4, clock_timestamp() + ttl)
             ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);

@@ -50,8 +50,9 @@ CREATE TABLE alkblobs.pins (
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (pool, key, owner)
 );
+-- Renewal is by owner. Reaping scans one pool's pins once per sweep, which
+-- is cheaper than maintaining an expiry index on every put.
 CREATE INDEX pins_by_owner ON alkblobs.pins (pool, owner);
-CREATE INDEX pins_by_expiry ON alkblobs.pins (pool, expires_at);
 
 -- Registered liveness tables. `relid` is the table's oid; a DROP TABLE
 -- removes the registration (event trigger below).
