@@ -18,7 +18,9 @@ use alkblobs_benches::{Lat, data, header, paired, rounds};
 use tokio_postgres::{Client, NoTls};
 
 async fn connect(url: &str) -> Client {
-    let (c, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect to the bench cluster");
+    let (c, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("connect to the bench cluster");
     tokio::spawn(conn);
     c
 }
@@ -27,7 +29,12 @@ async fn connect(url: &str) -> Client {
 /// pins every 10th from 5 on, and records 80% of the rest in `live` (plus
 /// keys not in the pool), leaving every 10th from 0 dead.
 async fn build(c: &Client, name: &str, live: &str, n: i64) {
-    c.execute("SELECT alkblobs_create_pool($1, '0 seconds', '1 hour')", &[&name]).await.unwrap();
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '1 hour')",
+        &[&name],
+    )
+    .await
+    .unwrap();
     c.execute(
         "INSERT INTO alkblobs.entries (pool, key, size, tier, value)
          SELECT p.id, alkblobs_key(int8send(g)), 8, 'kv', int8send(g)
@@ -66,29 +73,55 @@ async fn restore_dead(c: &Client, name: &str, n: i64) {
 }
 
 fn main() {
-    let url = std::env::var("ALKBLOBS_PG_URL")
-        .expect("ALKBLOBS_PG_URL is not set: run benches/pg-bench.sh, which starts the private cluster");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let n: i64 = std::env::var("ALKBLOBS_BENCH_PG_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let url = std::env::var("ALKBLOBS_PG_URL").expect(
+        "ALKBLOBS_PG_URL is not set: run benches/pg-bench.sh, which starts the private cluster",
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let n: i64 = std::env::var("ALKBLOBS_BENCH_PG_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
     let c = rt.block_on(connect(&url));
     let tag = std::process::id();
-    let (ours, theirs, live) = (format!("bench-ours-{tag}"), format!("bench-theirs-{tag}"), format!("bench_live_{tag}"));
-    rt.block_on(c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs")).unwrap();
+    let (ours, theirs, live) = (
+        format!("bench-ours-{tag}"),
+        format!("bench-theirs-{tag}"),
+        format!("bench_live_{tag}"),
+    );
+    rt.block_on(c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs"))
+        .unwrap();
     // The put comparison runs first, while both tables start empty: the
     // same-size b-trees on both sides.
     header("put 4 KiB through the SQL API vs a raw INSERT (autocommit, one connection)");
-    rt.block_on(c.batch_execute(&format!("CREATE TABLE bench_raw_{tag} (key bytea PRIMARY KEY, value bytea NOT NULL)"))).unwrap();
+    rt.block_on(c.batch_execute(&format!(
+        "CREATE TABLE bench_raw_{tag} (key bytea PRIMARY KEY, value bytea NOT NULL)"
+    )))
+    .unwrap();
     let put_pool = format!("bench-put-{tag}");
-    rt.block_on(c.execute("SELECT alkblobs_create_pool($1)", &[&put_pool])).unwrap();
-    let put = rt.block_on(c.prepare("SELECT alkblobs_put($1, $2, $3, 'bench-writer')")).unwrap();
-    let raw = rt.block_on(c.prepare(&format!("INSERT INTO bench_raw_{tag} (key, value) VALUES ($1, $2)"))).unwrap();
+    rt.block_on(c.execute("SELECT alkblobs_create_pool($1)", &[&put_pool]))
+        .unwrap();
+    let put = rt
+        .block_on(c.prepare("SELECT alkblobs_put($1, $2, $3, 'bench-writer')"))
+        .unwrap();
+    let raw = rt
+        .block_on(c.prepare(&format!(
+            "INSERT INTO bench_raw_{tag} (key, value) VALUES ($1, $2)"
+        )))
+        .unwrap();
     let mut seed = 1u64 << 60;
     let mut a = |lat: &mut Lat| {
         for _ in 0..100 {
             seed += 1;
             let v = data(seed, 4096);
             let k = blake3::hash(&v).as_bytes().to_vec();
-            lat.time(|| rt.block_on(c.query_one(&put, &[&put_pool, &k, &v])).unwrap());
+            lat.time(|| {
+                rt.block_on(c.query_one(&put, &[&put_pool, &k, &v]))
+                    .unwrap()
+            });
         }
         (100, 100 * 4096)
     };
@@ -102,27 +135,65 @@ fn main() {
         }
         (100, 100 * 4096)
     };
-    paired("put 4 KiB", "alkblobs_put (entry + pin)", "INSERT (entry only)", rounds(12), &mut a, &mut b);
+    paired(
+        "put 4 KiB",
+        "alkblobs_put (entry + pin)",
+        "INSERT (entry only)",
+        rounds(12),
+        &mut a,
+        &mut b,
+    );
 
     let t = Instant::now();
     rt.block_on(async {
-        c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs").await.unwrap();
-        c.batch_execute(&format!("CREATE TABLE {live} (key bytea PRIMARY KEY)")).await.unwrap();
+        c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs")
+            .await
+            .unwrap();
+        c.batch_execute(&format!("CREATE TABLE {live} (key bytea PRIMARY KEY)"))
+            .await
+            .unwrap();
         build(&c, &ours, &live, n).await;
         build(&c, &theirs, &live, n).await;
-        c.execute("SELECT alkblobs_register_liveness($1, $2::text::regclass)", &[&ours, &live]).await.unwrap();
-        c.batch_execute("VACUUM ANALYZE alkblobs.entries").await.unwrap();
-        c.batch_execute("VACUUM ANALYZE alkblobs.pins").await.unwrap();
-        c.batch_execute(&format!("VACUUM ANALYZE {live}")).await.unwrap();
+        c.execute(
+            "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+            &[&ours, &live],
+        )
+        .await
+        .unwrap();
+        c.batch_execute("VACUUM ANALYZE alkblobs.entries")
+            .await
+            .unwrap();
+        c.batch_execute("VACUUM ANALYZE alkblobs.pins")
+            .await
+            .unwrap();
+        c.batch_execute(&format!("VACUUM ANALYZE {live}"))
+            .await
+            .unwrap();
     });
-    let live_rows: i64 = rt.block_on(c.query_one(&format!("SELECT count(*) FROM {live}"), &[])).unwrap().get(0);
-    println!("built two pools of {n} entries, {} pins each, a {live_rows}-row liveness table, in {:.1?}", n / 10, t.elapsed());
+    let live_rows: i64 = rt
+        .block_on(c.query_one(&format!("SELECT count(*) FROM {live}"), &[]))
+        .unwrap()
+        .get(0);
+    println!(
+        "built two pools of {n} entries, {} pins each, a {live_rows}-row liveness table, in {:.1?}",
+        n / 10,
+        t.elapsed()
+    );
 
-    header(&format!("alkblobs_sweep over {n} entries, 10% dead (PostgreSQL 15, private cluster)"));
+    header(&format!(
+        "alkblobs_sweep over {n} entries, 10% dead (PostgreSQL 15, private cluster)"
+    ));
     let dead = n / 10;
     let mut a = |lat: &mut Lat| {
-        let row = lat.time(|| rt.block_on(c.query_one("SELECT deleted, aborted FROM alkblobs_sweep($1)", &[&ours])).unwrap());
-        assert_eq!(row.get::<_, i64>(0), dead, "the sweep deleted exactly the dead rows");
+        let row = lat.time(|| {
+            rt.block_on(c.query_one("SELECT deleted, aborted FROM alkblobs_sweep($1)", &[&ours]))
+                .unwrap()
+        });
+        assert_eq!(
+            row.get::<_, i64>(0),
+            dead,
+            "the sweep deleted exactly the dead rows"
+        );
         rt.block_on(restore_dead(&c, &ours, n));
         (n as u64, 0)
     };
@@ -138,7 +209,14 @@ fn main() {
         rt.block_on(restore_dead(&c, &theirs, n));
         (n as u64, 0)
     };
-    paired("sweep (mark, stage, execute)", "alkblobs_sweep", "anti-join DELETE", rounds(5), &mut a, &mut b);
+    paired(
+        "sweep (mark, stage, execute)",
+        "alkblobs_sweep",
+        "anti-join DELETE",
+        rounds(5),
+        &mut a,
+        &mut b,
+    );
 
     // 10,000 pins of one owner, renewed in one statement.
     rt.block_on(c.execute(
@@ -151,12 +229,18 @@ fn main() {
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
-        let r: i64 = rt.block_on(c.query_one("SELECT alkblobs_renew($1, 'renewing-owner')", &[&ours])).unwrap().get(0);
+        let r: i64 = rt
+            .block_on(c.query_one("SELECT alkblobs_renew($1, 'renewing-owner')", &[&ours]))
+            .unwrap()
+            .get(0);
         times.push(t.elapsed());
         assert_eq!(r, 10_000);
     }
     times.sort();
-    println!("\nrenewing 10,000 pins of one owner (one statement): median {:.1?}, min {:.1?}, max {:.1?}", times[2], times[0], times[4]);
+    println!(
+        "\nrenewing 10,000 pins of one owner (one statement): median {:.1?}, min {:.1?}, max {:.1?}",
+        times[2], times[0], times[4]
+    );
 
     rt.block_on(async {
         for p in [&ours, &theirs] {
