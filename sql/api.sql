@@ -116,6 +116,19 @@ END $$;
 
 -- Pools ----------------------------------------------------------------------
 
+-- Validates pool settings (NULLs are "unchanged" and pass).
+CREATE FUNCTION alkblobs.check_settings(w interval, ttl interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF w < interval '0' THEN
+        RAISE EXCEPTION 'delete_window must not be negative, got %', w USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ttl <= interval '0' THEN
+        RAISE EXCEPTION 'pin_ttl must be positive, got %', ttl USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
 CREATE FUNCTION @extschema@.alkblobs_create_pool(
     pool text,
     delete_window interval DEFAULT '5 minutes',
@@ -133,12 +146,7 @@ BEGIN
         RAISE EXCEPTION 'invalid pool name %: use 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit', quote_literal($1)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF $2 < interval '0' THEN
-        RAISE EXCEPTION 'delete_window must not be negative, got %', $2 USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF $3 <= interval '0' THEN
-        RAISE EXCEPTION 'pin_ttl must be positive, got %', $3 USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM alkblobs.check_settings($2, $3);
     IF $4 NOT IN ('pg-lo', 'local', 'none') THEN
         RAISE EXCEPTION 'large_tier must be ''pg-lo'', ''local'' or ''none'', got %', quote_literal($4)
             USING ERRCODE = 'invalid_parameter_value';
@@ -160,12 +168,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1);
 BEGIN
-    IF $2 < interval '0' THEN
-        RAISE EXCEPTION 'delete_window must not be negative, got %', $2 USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF $3 <= interval '0' THEN
-        RAISE EXCEPTION 'pin_ttl must be positive, got %', $3 USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM alkblobs.check_settings($2, $3);
     UPDATE alkblobs.pools p
        SET delete_window = coalesce($2, p.delete_window),
            pin_ttl = coalesce($3, p.pin_ttl)

@@ -15,8 +15,7 @@ use std::time::Instant;
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
 use alkblobs::{Key, Store, SweepOptions};
 use alkblobs_benches::{
-    Lat, Probes, data, header, on_worker, paired, peak_rss_kib, reset_peak_rss, rounds,
-    rss_anon_kib,
+    Lat, data, header, on_worker, paired, peak_rss_kib, reset_peak_rss, rounds, rss_anon_kib,
 };
 use bytes::Bytes;
 use rusqlite::Connection;
@@ -29,14 +28,7 @@ fn value(i: u64) -> Vec<u8> {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = alkblobs_benches::scratch();
-    let mut probes = Probes::default();
-    probes.take("start", dir.path());
+    let (rt, dir, mut probes) = alkblobs_benches::setup();
     let n: u64 = std::env::var("ALKBLOBS_BENCH_GC_ENTRIES")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
 use alkblobs::{Durability, Key, Store};
-use alkblobs_benches::{Lat, Probes, data, header, on_worker, paired, rounds};
+use alkblobs_benches::{Lat, data, header, on_worker, paired, rounds};
 use bytes::Bytes;
 use rusqlite::Connection;
 
@@ -30,14 +30,7 @@ fn raw(path: &Path, durability: Durability) -> Connection {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = alkblobs_benches::scratch();
-    let mut probes = Probes::default();
-    probes.take("start", dir.path());
+    let (rt, dir, mut probes) = alkblobs_benches::setup();
     let r = rounds(16);
     let mut seed = 0u64;
     let mut next = |len| {

@@ -9,7 +9,7 @@
 use std::io::Write;
 
 use alkblobs::{Key, Store};
-use alkblobs_benches::{Lat, Probes, data, header, on_worker, paired, rounds};
+use alkblobs_benches::{Lat, data, header, on_worker, paired, rounds};
 use bytes::Bytes;
 
 fn raw_put(dir: &std::path::Path, name: &str, bytes: &[u8]) {
@@ -23,14 +23,7 @@ fn raw_put(dir: &std::path::Path, name: &str, bytes: &[u8]) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = alkblobs_benches::scratch();
-    let mut probes = Probes::default();
-    probes.take("start", dir.path());
+    let (rt, dir, mut probes) = alkblobs_benches::setup();
     let store = rt
         .block_on(Store::open_dir(dir.path().join("store")))
         .unwrap();

@@ -6,19 +6,12 @@ use alkblobs::Key;
 use alkblobs::backend::Backend;
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
-use alkblobs_benches::{Lat, Probes, data, header, on_worker, paired, rounds};
+use alkblobs_benches::{Lat, data, header, on_worker, paired, rounds};
 use bytes::Bytes;
 use std::sync::Arc;
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = alkblobs_benches::scratch();
-    let mut probes = Probes::default();
-    probes.take("start", dir.path());
+    let (rt, dir, mut probes) = alkblobs_benches::setup();
     let kv: Arc<dyn Backend> = Arc::new(
         rt.block_on(SqliteBackend::open(
             dir.path().join("kv.sqlite"),

@@ -287,14 +287,20 @@ impl Probes {
     }
 }
 
-/// Deterministic incompressible bytes.
-pub fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    blake3::Hasher::new()
-        .update(&seed.to_le_bytes())
-        .finalize_xof()
-        .fill(&mut out);
-    out
+pub use alkblobs_tests::data;
+
+/// What every benchmark starts with: a 2-worker runtime (one client pair on
+/// a 2-core machine), a scratch directory, and the first probe.
+pub fn setup() -> (tokio::runtime::Runtime, tempfile::TempDir, Probes) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let dir = scratch();
+    let mut probes = Probes::default();
+    probes.take("start", dir.path());
+    (rt, dir, probes)
 }
 
 /// Peak resident set size of this process so far (VmHWM), in KiB.

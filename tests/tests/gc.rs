@@ -24,6 +24,21 @@ async fn put_garbage(store: &Store, seed: u64, size: usize) -> Key {
     put.key
 }
 
+/// A mem + mem store whose kv engine sits behind the fault wrapper.
+fn fault_store() -> (Store, Arc<alkblobs_tests::fault::FaultBackend>) {
+    use alkblobs::backend::mem::MemBackend;
+    let kv = Arc::new(alkblobs_tests::fault::FaultBackend::new(Arc::new(
+        MemBackend::new(),
+    )));
+    let s = Store::builder()
+        .kv_arc(kv.clone())
+        .large(MemBackend::new())
+        .delete_window(Duration::ZERO)
+        .build()
+        .unwrap();
+    (s, kv)
+}
+
 fn zero() -> SweepOptions {
     SweepOptions::new().window(Duration::ZERO)
 }
@@ -647,15 +662,7 @@ async fn puts_racing_sweeps_never_lose_a_protected_key() {
 /// mark reaches it. That sweep must still not delete it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_put_in_flight_when_the_sweep_starts_survives_it() {
-    use alkblobs::backend::mem::MemBackend;
-    use alkblobs_tests::fault::FaultBackend;
-    let kv = Arc::new(FaultBackend::new(Arc::new(MemBackend::new())));
-    let s = Store::builder()
-        .kv_arc(kv.clone())
-        .large(MemBackend::new())
-        .delete_window(Duration::ZERO)
-        .build()
-        .unwrap();
+    let (s, kv) = fault_store();
     for i in 0..3u64 {
         kv.delay_writes(Duration::from_millis(150));
         let done = Arc::new(Notify::new());
@@ -739,15 +746,7 @@ async fn pin_racing_a_sweep_is_not_found_or_safe() {
 /// next sweep finishes the job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_engine_failing_during_a_sweep_loses_nothing() {
-    use alkblobs::backend::mem::MemBackend;
-    use alkblobs_tests::fault::FaultBackend;
-    let kv = Arc::new(FaultBackend::new(Arc::new(MemBackend::new())));
-    let s = Store::builder()
-        .kv_arc(kv.clone())
-        .large(MemBackend::new())
-        .delete_window(Duration::ZERO)
-        .build()
-        .unwrap();
+    let (s, kv) = fault_store();
     let live = Live::default();
     live.register(&s, "index");
     let mut protected = Vec::new();

@@ -39,6 +39,21 @@ async fn sweep(c: &Client, pool: &str) -> (i64, i64, Option<String>) {
     (r.get(0), r.get(1), r.get(2))
 }
 
+/// A new table registered as a liveness source of `pool`; returns its name.
+async fn liveness_table(c: &Client, pool: &str) -> String {
+    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+    table
+}
+
 /// An unprotected entry: put, then unpinned.
 async fn garbage(c: &Client, pool: &str, value: &[u8]) -> Vec<u8> {
     put(c, pool, value, "setup").await;
@@ -178,16 +193,7 @@ async fn a_liveness_row_written_while_the_executor_deletes_fails_with_ab002() {
     let l = connect().await;
     let s = connect().await;
     let pool = pool(&obs, "race-live-after", "0 seconds", "60 seconds").await;
-    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
-    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
-        .await
-        .unwrap();
-    obs.execute(
-        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
-        &[&pool, &table],
-    )
-    .await
-    .unwrap();
+    let table = liveness_table(&obs, &pool).await;
     let k = garbage(&obs, &pool, b"live after the decision").await;
 
     s.batch_execute("BEGIN").await.unwrap();
@@ -222,16 +228,7 @@ async fn a_liveness_row_written_before_the_executor_decides_keeps_the_key() {
     let l = connect().await;
     let s = connect().await;
     let pool = pool(&obs, "race-live-before", "0 seconds", "60 seconds").await;
-    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
-    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
-        .await
-        .unwrap();
-    obs.execute(
-        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
-        &[&pool, &table],
-    )
-    .await
-    .unwrap();
+    let table = liveness_table(&obs, &pool).await;
     let k = garbage(&obs, &pool, b"live before the decision").await;
 
     // The embedder records the key in an open transaction: the guard
@@ -401,16 +398,7 @@ async fn dropping_a_liveness_table_waits_for_the_sweep_and_then_unregisters_it()
     let s = connect().await;
     let d = connect().await;
     let pool = pool(&obs, "race-drop", "0 seconds", "60 seconds").await;
-    let table = format!("live_{}", pool.replace(['-', '.'], "_"));
-    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
-        .await
-        .unwrap();
-    obs.execute(
-        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
-        &[&pool, &table],
-    )
-    .await
-    .unwrap();
+    let table = liveness_table(&obs, &pool).await;
     let k = garbage(&obs, &pool, b"live in a dropped table").await;
     obs.execute(&format!("INSERT INTO {table} (key) VALUES ($1)"), &[&k])
         .await
