@@ -325,3 +325,21 @@ async fn a_second_writer_gets_in_use_and_read_only_opens_need_no_lock() {
     drop(store);
     Store::open_dir(dir.path()).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_corrupt_entry_in_a_kv_only_store_is_reported_not_a_panic() {
+    use alkblobs::backend::mem::MemBackend;
+    let kv = MemBackend::new();
+    let store = Store::builder().kv(kv.clone()).kv_only().build().unwrap();
+    let key = store.put(data(10, 100)).await.unwrap().key;
+    kv.corrupt_for_test(&key, Bytes::from(data(11, 100)));
+    match store.get_verified(&key).await {
+        Err(Error::Corrupt { key: k, engine, .. }) => {
+            assert_eq!((k, engine.as_str()), (key, "mem"))
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.corrupt.len(), 1);
+    assert_eq!(report.corrupt[0].tier, Tier::Kv);
+}

@@ -9,7 +9,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::{Error, Result};
 
@@ -26,7 +26,6 @@ pub(crate) enum Wait {
 #[derive(Debug)]
 pub(crate) struct InstanceLock {
     _file: File,
-    path: PathBuf,
 }
 
 impl InstanceLock {
@@ -69,16 +68,7 @@ impl InstanceLock {
             file.seek(SeekFrom::Start(0))?;
             file.write_all(holder_line().as_bytes())
         });
-        Ok(InstanceLock {
-            _file: file,
-            path: path.to_owned(),
-        })
-    }
-
-    /// The lock file.
-    #[allow(dead_code)]
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
+        Ok(InstanceLock { _file: file })
     }
 }
 

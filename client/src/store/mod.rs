@@ -692,19 +692,22 @@ impl Store {
     /// Like [`Store::get`], re-hashing the bytes: corruption is
     /// [`Error::Corrupt`].
     pub async fn get_verified(&self, key: &Key) -> Result<Option<Bytes>> {
-        let Some(v) = self.get(key).await? else {
-            return Ok(None);
+        // Remember which engine answered: that is the one to blame.
+        let (v, engine) = match self.inner.kv.get(key).await? {
+            Some(v) => (v, &self.inner.kv),
+            None => match &self.inner.large {
+                Some(l) => match l.get(key).await? {
+                    Some(v) => (v, l),
+                    None => return Ok(None),
+                },
+                None => return Ok(None),
+            },
         };
         let actual = hash(&v).await;
         if actual != *key {
-            let tier = if self.inner.kv.has(key).await? {
-                Tier::Kv
-            } else {
-                Tier::Large
-            };
             return Err(Error::Corrupt {
                 key: *key,
-                engine: self.engine(tier).to_string(),
+                engine: engine.to_string(),
                 detail: format!("content hashes to {actual}"),
             });
         }
