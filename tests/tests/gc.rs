@@ -333,7 +333,7 @@ async fn activity_between_mark_and_execute_protects_the_key_from_that_sweep() {
 /// hand-off at every point of that sequence, with the pin taken before the
 /// sweep or during it, released or still held. Reading liveness before pins
 /// (the order a peer store got wrong) loses the key in the `acquired at
-/// Checked, released` case; skipping the claim's re-check loses it in the
+/// Checked, released` case; leaving out the claim's re-check loses it in the
 /// `held` case.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_hand_off_race_never_loses_the_key_whatever_the_order() {
