@@ -52,32 +52,24 @@ BEGIN
     END IF;
 END $$;
 
--- Nothing is executable or readable by default...
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA alkblobs FROM PUBLIC;
-REVOKE ALL ON FUNCTION
-    @extschema@.alkblobs_create_pool(text, interval, interval, text),
-    @extschema@.alkblobs_alter_pool(text, interval, interval),
-    @extschema@.alkblobs_put(text, bytea, bytea, text),
-    @extschema@.alkblobs_pin(text, bytea, text),
-    @extschema@.alkblobs_pin_new(text, bytea, text),
-    @extschema@.alkblobs_unpin(text, bytea, text),
-    @extschema@.alkblobs_renew(text, text),
-    @extschema@.alkblobs_pins_held(text, text, bytea[]),
-    @extschema@.alkblobs_unpin_all(text, text),
-    @extschema@.alkblobs_get(text, bytea),
-    @extschema@.alkblobs_stat(text, bytea),
-    @extschema@.alkblobs_lo_create(),
-    @extschema@.alkblobs_lo_write(oid, bigint, bytea),
-    @extschema@.alkblobs_lo_commit(text, bytea, oid, text),
-    @extschema@.alkblobs_lo_read(text, bytea, bigint, integer),
-    @extschema@.alkblobs_register_liveness(text, regclass),
-    @extschema@.alkblobs_unregister_liveness(text, regclass),
-    @extschema@.alkblobs_stage(text, bytea[]),
-    @extschema@.alkblobs_claim_local(text, integer),
-    @extschema@.alkblobs_sweep(text, boolean, integer, boolean),
-    @extschema@.alkblobs_explain(text, bytea)
-  FROM PUBLIC;
-REVOKE ALL ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer) FROM PUBLIC;
+-- Nothing is executable or readable by default: every function and
+-- procedure of the extension (found through its membership, so one added
+-- later cannot be forgotten) is revoked from PUBLIC, except alkblobs_key.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid FROM pg_catalog.pg_proc p
+          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_proc'::regclass
+           AND d.objid = p.oid AND d.deptype = 'e'
+          JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
+         WHERE p.proname <> 'alkblobs_key'
+    LOOP
+        EXECUTE format('REVOKE ALL ON %s %s FROM PUBLIC',
+                       CASE WHEN (SELECT prokind FROM pg_catalog.pg_proc WHERE oid = f) = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, f);
+    END LOOP;
+END $$;
 REVOKE ALL ON @extschema@.alkblobs_pools, @extschema@.alkblobs_pins, @extschema@.alkblobs_staged,
     @extschema@.alkblobs_usage FROM PUBLIC;
 

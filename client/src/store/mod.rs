@@ -19,7 +19,7 @@ use crate::backend::local::{LocalBackend, LocalOptions};
 use crate::backend::sqlite::{SqliteBackend, SqliteOptions};
 use crate::backend::{
     Backend, BackendExt, BlobReader, Durability, GcTables, KeyStream, MemGcTables, OpenMode,
-    PutOutcome, StagedRow,
+    PutOutcome, StagedRow, StagedWrite,
 };
 use crate::{Error, Key, Result};
 
@@ -465,11 +465,21 @@ impl Store {
             Ok(k) => k,
             Err(_) => Key::of(&bytes),
         };
-        // Pin before publish, as for every put.
+        self.publish_staged(writer, key, size).await
+    }
+
+    /// The end of every large-tier put: pin before publish, commit the
+    /// staged bytes, restart the key's window.
+    async fn publish_staged(
+        &self,
+        writer: Box<dyn StagedWrite + '_>,
+        key: Key,
+        size: u64,
+    ) -> Result<Put> {
         let pin = self.inner.pins.acquire(&[key]).await;
         let outcome = writer.commit(&key).await?;
         self.after_publish(Tier::Large, &[key]).await?;
-        tracing::debug!(%key, size, ?outcome, "put");
+        tracing::debug!(%key, size, ?outcome, "large put");
         Ok(Put {
             key,
             size,
@@ -616,18 +626,7 @@ impl Store {
             }
             let key = Key::from_hash(hasher.finalize());
             let size = writer.written();
-            // Pin before publish, as for every put.
-            let pin = self.inner.pins.acquire(&[key]).await;
-            let outcome = writer.commit(&key).await?;
-            self.after_publish(Tier::Large, &[key]).await?;
-            tracing::debug!(%key, size, ?outcome, "streamed put");
-            Ok(Put {
-                key,
-                size,
-                tier: Tier::Large,
-                outcome,
-                pin,
-            })
+            self.publish_staged(writer, key, size).await
         }
         .instrument(span)
         .await
