@@ -70,8 +70,13 @@ pub fn sqlstate(e: &tokio_postgres::Error) -> String {
 
 /// Whether `pid` is waiting on a heavyweight lock (proof a race test really
 /// made one session wait for another).
+///
+/// Polls for up to 20 s and returns as soon as the wait is seen: a loaded
+/// server (autovacuum after a large sweep, a cold cache) can take a while to
+/// bring the session to its lock, and a short limit would read that as
+/// "never waited".
 pub async fn waits_on_lock(observer: &Client, pid: i32) -> bool {
-    for _ in 0..200 {
+    for _ in 0..2000 {
         let row = observer
             .query_opt(
                 "SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1",
