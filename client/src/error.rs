@@ -79,7 +79,7 @@ pub enum Error {
         action: &'static str,
     },
     /// Another process holds the store's instance lock.
-    #[error("{} is in use by another process ({holder}); in-process pins are invisible across processes, so only one instance may write or sweep an embedded store. Stop the other process, wait for it (--wait), open read-only, or use PostgreSQL fleet mode to share a pool", resource.display())]
+    #[error("{} is in use by another process ({holder}); in-process pins are invisible across processes, so only one instance may write or sweep an embedded store. Stop the other process, wait for its lock, open read-only, or share the pool through PostgreSQL fleet mode", resource.display())]
     InUse {
         /// The locked resource (a lock file).
         resource: PathBuf,
@@ -95,6 +95,48 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A transient conflict the engine reported (a serialization failure or
+    /// a deadlock, SQLSTATE 40001 / 40P01): nothing was changed, and the
+    /// same call may succeed if retried.
+    #[error("{engine}: conflict with a concurrent transaction (retryable): {source}")]
+    Conflict {
+        /// The engine's display name.
+        engine: String,
+        /// The engine's report.
+        #[source]
+        source: BoxError,
+    },
+    /// The engine's server cannot be reached or the connection was lost
+    /// mid-call. The call's effect is unknown only for operations the
+    /// contract calls idempotent (puts, deletes); retrying is safe.
+    #[error("{engine} is unavailable (retryable): {source}")]
+    Unavailable {
+        /// The engine's display name.
+        engine: String,
+        /// The underlying failure.
+        #[source]
+        source: BoxError,
+    },
+    /// Content referenced by a liveness write or a pin was collected (or was
+    /// never put): the pool does not hold it. Put the content again, then
+    /// reference it (SQLSTATE AB002 at the extension).
+    #[error(
+        "blob {key} is not in the pool (collected, or never put); put its content first, then reference it"
+    )]
+    Collected {
+        /// The key that was referenced.
+        key: Key,
+    },
+    /// The database lacks the alkblobs extension, or has a version this
+    /// client does not speak.
+    #[error("{engine}: {detail}")]
+    Extension {
+        /// The engine's display name.
+        engine: String,
+        /// What is wrong and the SQL that fixes it (`CREATE EXTENSION
+        /// alkblobs`, `ALTER EXTENSION alkblobs UPDATE`).
+        detail: String,
+    },
     /// An engine failed; `engine` names it (e.g. `sqlite(/data/index.sqlite)`).
     #[error("{engine}: {source}")]
     Engine {
@@ -104,6 +146,90 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+}
+
+/// The class of an [`Error`]: what a caller can branch on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The key is not in the pool ([`Error::NotFound`]).
+    NotFound,
+    /// Content does not match its key: stored corruption or a put whose
+    /// bytes are not the claimed key ([`Error::Corrupt`], [`Error::HashMismatch`]).
+    Corrupt,
+    /// Over the kv threshold in kv-only mode ([`Error::TooLarge`]).
+    TooLarge,
+    /// The caller's input is malformed or unreadable: a key, a range, a
+    /// file ([`Error::InvalidKey`], [`Error::InvalidRange`], [`Error::Input`]).
+    InvalidInput,
+    /// The store or database is configured in a way that cannot work
+    /// ([`Error::Config`], [`Error::Extension`]).
+    Config,
+    /// Read-only store asked to write ([`Error::ReadOnly`]).
+    ReadOnly,
+    /// Another process holds the store ([`Error::InUse`]).
+    InUse,
+    /// A transient conflict; retry ([`Error::Conflict`]).
+    Conflict,
+    /// The server is unreachable or the connection dropped; retry
+    /// ([`Error::Unavailable`]).
+    Unavailable,
+    /// Referenced content is gone; put it again ([`Error::Collected`]).
+    Collected,
+    /// Any other engine failure ([`Error::Engine`]).
+    Engine,
+}
+
+impl Error {
+    /// The error's class.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::NotFound { .. } => ErrorKind::NotFound,
+            Error::HashMismatch { .. } | Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::TooLarge { .. } => ErrorKind::TooLarge,
+            Error::InvalidKey(_) | Error::InvalidRange { .. } | Error::Input { .. } => {
+                ErrorKind::InvalidInput
+            }
+            Error::Config(_) | Error::Extension { .. } => ErrorKind::Config,
+            Error::ReadOnly { .. } => ErrorKind::ReadOnly,
+            Error::InUse { .. } => ErrorKind::InUse,
+            Error::Conflict { .. } => ErrorKind::Conflict,
+            Error::Unavailable { .. } => ErrorKind::Unavailable,
+            Error::Collected { .. } => ErrorKind::Collected,
+            Error::Engine { .. } => ErrorKind::Engine,
+        }
+    }
+
+    /// Whether the same call may succeed if retried unchanged: conflicts and
+    /// lost connections. Everything else fails the same way again.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Conflict | ErrorKind::Unavailable)
+    }
+}
+
+/// The one home of the SQLSTATE → [`ErrorKind`] mapping, shared by every
+/// PostgreSQL engine: the extension raises deliberate codes and the client
+/// classifies them here.
+///
+/// | SQLSTATE | kind |
+/// |---|---|
+/// | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available | [`ErrorKind::Conflict`] |
+/// | class `08` connection exception, `57P01`–`57P03` admin shutdown / cannot connect now, `53300` too many connections | [`ErrorKind::Unavailable`] |
+/// | `AB002` content not present | [`ErrorKind::Collected`] |
+/// | `AB001` no such pool, `42501` insufficient privilege, `3F000` no schema (extension missing), `42883` undefined function (wrong extension version) | [`ErrorKind::Config`] |
+/// | `22P02`, `22023`, `22004`, `22003` invalid input | [`ErrorKind::InvalidInput`] |
+/// | anything else | [`ErrorKind::Engine`] |
+pub fn sqlstate_kind(code: &str) -> ErrorKind {
+    match code {
+        "40001" | "40P01" | "55P03" => ErrorKind::Conflict,
+        "57P01" | "57P02" | "57P03" | "53300" => ErrorKind::Unavailable,
+        c if c.starts_with("08") => ErrorKind::Unavailable,
+        "AB002" => ErrorKind::Collected,
+        "AB001" | "42501" | "3F000" | "42883" => ErrorKind::Config,
+        "22P02" | "22023" | "22004" | "22003" => ErrorKind::InvalidInput,
+        _ => ErrorKind::Engine,
+    }
 }
 
 impl Error {
@@ -118,5 +244,22 @@ impl Error {
     /// True for [`Error::NotFound`].
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::NotFound { .. })
+    }
+
+    /// Classifies an engine failure that carries a SQLSTATE (see
+    /// [`sqlstate_kind`]): conflicts and lost connections become the
+    /// retryable variants, the rest an [`Error::Engine`] with its source.
+    pub fn from_sqlstate(
+        engine: impl std::fmt::Display,
+        code: &str,
+        source: impl Into<BoxError>,
+    ) -> Error {
+        let engine = engine.to_string();
+        let source = source.into();
+        match sqlstate_kind(code) {
+            ErrorKind::Conflict => Error::Conflict { engine, source },
+            ErrorKind::Unavailable => Error::Unavailable { engine, source },
+            _ => Error::Engine { engine, source },
+        }
     }
 }

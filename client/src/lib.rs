@@ -29,7 +29,7 @@ pub mod store;
 
 pub use backend::StagedRow;
 pub use backend::{Backend, BackendExt, Durability, OpenMode, PutOutcome};
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, ErrorKind, Result, sqlstate_kind};
 pub use key::{KEY_LEN, Key, KeyError};
 pub use store::{
     CorruptEntry, DirOptions, EntryMeta, PinGuard, Put, PutInfo, PutMany, Store, StoreBuilder,

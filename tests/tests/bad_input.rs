@@ -297,10 +297,7 @@ async fn a_second_writer_gets_in_use_and_read_only_opens_need_no_lock() {
         }
         other => panic!("expected InUse, got {other:?}"),
     }
-    let ro = alkblobs::DirOptions {
-        mode: OpenMode::ReadOnly,
-        ..alkblobs::DirOptions::default()
-    };
+    let ro = alkblobs::DirOptions::new().mode(OpenMode::ReadOnly);
     let reader = Store::open_dir_with(dir.path(), ro.clone()).await.unwrap();
     assert!(
         reader

@@ -97,10 +97,7 @@ store_suite!(sqlite_local_small_threshold, TIERED, async {
 // The embedded default as `open_dir` builds it, relaxed for speed.
 store_suite!(open_dir_relaxed, TIERED, async {
     let dir = tempfile::tempdir().unwrap();
-    let opts = alkblobs::DirOptions {
-        durability: Durability::Relaxed,
-        ..alkblobs::DirOptions::default()
-    };
+    let opts = alkblobs::DirOptions::new().durability(Durability::Relaxed);
     let s = Store::open_dir_with(dir.path(), opts).await.unwrap();
     (s, dir)
 });

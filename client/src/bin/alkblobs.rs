@@ -200,14 +200,7 @@ impl Ctx {
         } else {
             OpenMode::Write
         };
-        Ok(Store::open_dir_with(
-            &self.dir,
-            DirOptions {
-                mode,
-                ..DirOptions::default()
-            },
-        )
-        .await?)
+        Ok(Store::open_dir_with(&self.dir, DirOptions::new().mode(mode)).await?)
     }
 
     /// Read commands take no lock; a data directory with no store yet reads
@@ -220,10 +213,7 @@ impl Ctx {
                 .large(MemBackend::new())
                 .build()?);
         }
-        let opts = DirOptions {
-            mode: OpenMode::ReadOnly,
-            ..DirOptions::default()
-        };
+        let opts = DirOptions::new().read_only();
         Ok(Store::open_dir_with(&self.dir, opts).await?)
     }
 

@@ -280,8 +280,19 @@ impl StoreBuilder {
     }
 }
 
-/// Options for [`Store::open_dir_with`].
+/// Options for [`Store::open_dir_with`]: a builder, so fields can be added
+/// without breaking callers.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = alkblobs::DirOptions::new()
+///     .relaxed()                                  // survive crashes, not power cuts
+///     .threshold(128 * 1024)
+///     .delete_window(Duration::from_secs(60));
+/// # let _ = opts;
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DirOptions {
     /// Write (with the instance lock), wait for the lock, or read-only.
     pub mode: OpenMode,
@@ -301,6 +312,54 @@ impl Default for DirOptions {
             threshold: DEFAULT_THRESHOLD,
             window: gc::DEFAULT_WINDOW,
         }
+    }
+}
+
+impl DirOptions {
+    /// The defaults: writable (fail at once if another process holds the
+    /// store), durable, [`DEFAULT_THRESHOLD`], a 5-minute delete window.
+    pub fn new() -> DirOptions {
+        DirOptions::default()
+    }
+
+    /// How to open: write, wait for the instance lock, or read-only.
+    pub fn mode(mut self, mode: OpenMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Opens read-only: no lock, every write refused.
+    pub fn read_only(self) -> Self {
+        self.mode(OpenMode::ReadOnly)
+    }
+
+    /// Waits for another process to release the store instead of failing.
+    pub fn wait_for_lock(self) -> Self {
+        self.mode(OpenMode::WriteWait)
+    }
+
+    /// Durability of writes.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// [`Durability::Relaxed`]: a returned put survives a process crash but
+    /// may be lost (never torn) on a power cut. Much faster for small puts.
+    pub fn relaxed(self) -> Self {
+        self.durability(Durability::Relaxed)
+    }
+
+    /// The kv threshold in bytes.
+    pub fn threshold(mut self, bytes: u64) -> Self {
+        self.threshold = bytes;
+        self
+    }
+
+    /// The store's delete window.
+    pub fn delete_window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
     }
 }
 
