@@ -43,7 +43,7 @@ fn main() {
         let engine = rt
             .block_on(SqliteBackend::open(&ours, SqliteOptions::default()))
             .unwrap();
-        let store = Store::builder().kv(engine).kv_only().build().unwrap();
+        let store = Store::builder().sqlite(engine).kv_only().build().unwrap();
         let (mut dk, mut dv) = (Vec::new(), Vec::new());
         for start in (0..n).step_by(10_000) {
             let vals: Vec<Vec<u8>> = (start..(start + 10_000).min(n)).map(value).collect();
@@ -83,7 +83,7 @@ fn main() {
     let engine = rt
         .block_on(SqliteBackend::open(&ours, SqliteOptions::default()))
         .unwrap();
-    let store = Store::builder().kv(engine).kv_only().build().unwrap();
+    let store = Store::builder().sqlite(engine).kv_only().build().unwrap();
     let raw = Connection::open(&theirs).unwrap();
     let _: String = raw
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))

@@ -56,7 +56,7 @@ fn main() {
                 },
             ))
             .unwrap();
-        let store = Store::builder().kv(engine).kv_only().build().unwrap();
+        let store = Store::builder().sqlite(engine).kv_only().build().unwrap();
         let conn = raw(&sub.join("raw.sqlite"), durability);
         let per_block = if durability == Durability::Durable {
             60
@@ -147,7 +147,7 @@ fn main() {
                 },
             ))
             .unwrap();
-        let store = Store::builder().kv(engine).kv_only().build().unwrap();
+        let store = Store::builder().sqlite(engine).kv_only().build().unwrap();
         let conn = raw(&sub.join("raw-get.sqlite"), durability);
         let keys: Vec<Key> = (0..2000)
             .map(|_| {

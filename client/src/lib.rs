@@ -13,29 +13,48 @@
 //! // ... record put.key in your own index (a liveness source), then:
 //! drop(put.pin);
 //! assert_eq!(store.get(&put.key).await?.as_deref(), Some(&b"hello"[..]));
+//! store.close().await?;                            // checkpoint, remove the WAL
 //! # Ok(()) }
 //! ```
 //!
-//! The pieces:
+//! The pieces, one seam each:
 //! - [`Key`]: 32-byte BLAKE3 keys, 64 lowercase hex characters.
-//! - [`Backend`]: the object-safe engine contract; engines live in
-//!   [`backend`] (`mem`, `sqlite`, `local`).
-//! - [`Store`]: the facade: tier dispatch, verification, pins and GC.
+//! - [`backend`]: storage. The object-safe [`Backend`] contract (and
+//!   [`LargeBackend`] for the large tier) and the engines that ship
+//!   (`mem`, `sqlite`, `local`). Engines know nothing of garbage collection.
+//! - [`arbiter`]: who may delete what. The [`Arbiter`] trait — pins, the
+//!   delete window, staged candidates, roots, liveness, sweeps — and its
+//!   single-node implementation.
+//! - [`Store`]: the facade over both: tier dispatch, verification,
+//!   accounting; built by [`StoreBuilder`] or a preset ([`Store::open_dir`]).
+//! - [`Error`]: one classified error type ([`Error::kind`],
+//!   [`Error::is_retryable`]).
+//! - `conformance` (feature `conformance`): the suites every engine, store
+//!   configuration and arbiter in this crate passes, for third parties.
 
+pub mod arbiter;
 pub mod backend;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod error;
 mod key;
+mod pager;
 pub mod store;
 
-pub use backend::StagedRow;
-pub use backend::{Backend, BackendExt, Durability, OpenMode, PutOutcome};
+pub use arbiter::{
+    Arbiter, GcAbortCause, LiveCheck, LiveSet, LiveSnapshot, LivenessSource, PinGuard, StagedRow,
+    SweepOptions, SweepPhase, SweepProgress, SweepReport,
+};
+pub use backend::{Backend, BackendExt, Durability, LargeBackend, OpenMode, PutOutcome, Sharing};
 pub use error::{BoxError, Error, ErrorKind, Result, sqlstate_kind};
 pub use key::{KEY_LEN, Key, KeyError};
 pub use store::{
-    CorruptEntry, DirOptions, EntryMeta, PinGuard, Put, PutInfo, PutMany, Store, StoreBuilder,
-    Tier, TierUsage, Usage, VerifyProgress, VerifyReport,
-    gc::{
-        GcAbortCause, LiveCheck, LiveSet, LiveSnapshot, LivenessSource, SweepOptions, SweepPhase,
-        SweepProgress, SweepReport,
-    },
+    CorruptEntry, DirOptions, EntryMeta, Put, PutInfo, PutMany, Store, StoreBuilder, Tier,
+    TierUsage, Usage, VerifyProgress, VerifyReport,
 };
+
+/// The GC types under their old path (`alkblobs::store::gc::…`).
+#[doc(hidden)]
+pub mod gc {
+    pub use crate::arbiter::*;
+}

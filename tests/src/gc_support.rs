@@ -94,7 +94,7 @@ pub async fn open_sqlite_local(dir: &std::path::Path, window: Duration) -> Store
     .await
     .unwrap();
     Store::builder()
-        .kv(kv)
+        .sqlite(kv)
         .large(large)
         .threshold(4096)
         .delete_window(window)

@@ -1,32 +1,13 @@
-//! The alkblobs conformance suite.
+//! Support for this repository's own test suites.
 //!
-//! - [`backend_cases`]: `pub async fn` cases over any `&dyn Backend`.
-//! - [`store_cases`]: cases over a `Store` in any configuration.
-//! - [`fault`]: an engine wrapper that fails the Nth write or delete.
-//!
-//! `backend_suite!` and `store_suite!` stamp out one `#[tokio::test]` per
-//! case for an engine or a store configuration, so every engine runs the
-//! whole list and the list is written once. Capability differences are
-//! parameters ([`backend_cases::Caps`], [`store_cases::Config`]), not copies.
+//! The conformance suites themselves are published from the crate
+//! (`alkblobs::conformance`, feature `conformance`) so third-party engines
+//! run the same cases; `tests/tests/{engines,stores,arbiters}.rs` run them
+//! over every in-tree engine and store configuration. What lives here is
+//! specific to this repository: GC store configurations, child processes
+//! for crash tests, and the PostgreSQL helpers.
 
-pub mod backend_cases;
-pub mod fault;
-pub mod store_cases;
-
-/// Deterministic incompressible bytes: the BLAKE3 XOF of `seed`.
-pub fn data(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    blake3::Hasher::new()
-        .update(&seed.to_le_bytes())
-        .finalize_xof()
-        .fill(&mut out);
-    out
-}
-
-/// A key that is certainly absent (the hash of a marker string).
-pub fn absent_key(tag: &str) -> alkblobs::Key {
-    alkblobs::Key::of(format!("absent:{tag}").as_bytes())
-}
+pub use alkblobs::conformance::{absent_key, data, fault};
 
 /// Child processes for crash and locking tests.
 pub mod proc {

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use alkblobs::backend::Backend;
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
+use alkblobs::backend::{Backend, LargeBackend};
 use alkblobs::{Error, Key, OpenMode, Store, Tier};
 use alkblobs_tests::data;
 use alkblobs_tests::proc::Helper;
@@ -84,7 +84,7 @@ async fn open() -> Opened {
         .await
         .unwrap();
     let store = Store::builder()
-        .kv(kv.clone())
+        .sqlite(kv.clone())
         .large(large.clone())
         .build()
         .unwrap();

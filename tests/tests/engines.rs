@@ -1,11 +1,12 @@
-//! The backend conformance suite over every engine.
+//! The backend conformance suite over every engine: kv engines run the
+//! engine cases, large engines those plus the streaming cases.
 
 use alkblobs::Durability;
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::mem::MemBackend;
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
-use alkblobs_tests::backend_cases::Caps;
-use alkblobs_tests::backend_suite;
+use alkblobs::conformance::backend::Caps;
+use alkblobs::{backend_suite, large_backend_suite};
 
 const KV: Caps = Caps {
     max_value: 65_537,
@@ -23,7 +24,7 @@ const LARGE_DURABLE: Caps = Caps {
 };
 
 backend_suite!(mem_kv, KV, async { (MemBackend::new(), ()) });
-backend_suite!(mem_large, LARGE, async { (MemBackend::new(), ()) });
+large_backend_suite!(mem_large, LARGE, async { (MemBackend::new(), ()) });
 
 backend_suite!(sqlite, KV, async {
     let dir = tempfile::tempdir().unwrap();
@@ -33,7 +34,7 @@ backend_suite!(sqlite, KV, async {
     (e, dir)
 });
 
-backend_suite!(local, LARGE_DURABLE, async {
+large_backend_suite!(local, LARGE_DURABLE, async {
     let dir = tempfile::tempdir().unwrap();
     let e = LocalBackend::open(dir.path().join("large"), LocalOptions::default())
         .await
@@ -54,7 +55,7 @@ backend_suite!(sqlite_relaxed, KV, async {
     (e, dir)
 });
 
-backend_suite!(local_relaxed, LARGE, async {
+large_backend_suite!(local_relaxed, LARGE, async {
     let dir = tempfile::tempdir().unwrap();
     let opts = LocalOptions {
         durability: Durability::Relaxed,

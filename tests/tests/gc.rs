@@ -25,13 +25,16 @@ async fn put_garbage(store: &Store, seed: u64, size: usize) -> Key {
 }
 
 /// A mem + mem store whose kv engine sits behind the fault wrapper.
-fn fault_store() -> (Store, Arc<alkblobs_tests::fault::FaultBackend>) {
+fn fault_store() -> (
+    Store,
+    Arc<alkblobs_tests::fault::FaultBackend<alkblobs::backend::mem::MemBackend>>,
+) {
     use alkblobs::backend::mem::MemBackend;
     let kv = Arc::new(alkblobs_tests::fault::FaultBackend::new(Arc::new(
         MemBackend::new(),
     )));
     let s = Store::builder()
-        .kv_arc(kv.clone())
+        .kv(kv.clone())
         .large(MemBackend::new())
         .delete_window(Duration::ZERO)
         .build()

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::mem::MemBackend;
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
+use alkblobs::conformance::fault::FaultBackend;
+use alkblobs::conformance::store::Config;
+use alkblobs::store_suite;
 use alkblobs::{Durability, Store};
-use alkblobs_tests::fault::FaultBackend;
-use alkblobs_tests::store_cases::Config;
-use alkblobs_tests::store_suite;
 
 const MIB: usize = 1 << 20;
 const TIERED: Config = Config {
@@ -55,7 +55,7 @@ store_suite!(mem_kv_only, KV_ONLY, async {
 store_suite!(sqlite_local, TIERED, async {
     let dir = tempfile::tempdir().unwrap();
     let s = Store::builder()
-        .kv(sqlite(dir.path()).await)
+        .sqlite(sqlite(dir.path()).await)
         .large(local(dir.path()).await)
         .build()
         .unwrap();
@@ -65,7 +65,7 @@ store_suite!(sqlite_local, TIERED, async {
 store_suite!(sqlite_kv_only, KV_ONLY, async {
     let dir = tempfile::tempdir().unwrap();
     let s = Store::builder()
-        .kv(sqlite(dir.path()).await)
+        .sqlite(sqlite(dir.path()).await)
         .kv_only()
         .build()
         .unwrap();
@@ -86,7 +86,7 @@ store_suite!(mem_local, TIERED, async {
 store_suite!(sqlite_local_small_threshold, TIERED, async {
     let dir = tempfile::tempdir().unwrap();
     let s = Store::builder()
-        .kv(sqlite(dir.path()).await)
+        .sqlite(sqlite(dir.path()).await)
         .large(local(dir.path()).await)
         .threshold(1024)
         .build()

@@ -49,8 +49,8 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 
 use super::{
-    Backend, BlobReader, Durability, InstanceLock, KeyStream, OpenMode, PutOutcome, StagedWrite,
-    blocking,
+    Backend, BlobReader, Durability, InstanceLock, KeyStream, LargeBackend, OpenMode, PutOutcome,
+    Sharing, StagedWrite, blocking,
 };
 use crate::{Error, Key, Result};
 use alkblobs_core::{all_shards, shard_path};
@@ -526,6 +526,12 @@ impl Backend for LocalBackend {
         "local"
     }
 
+    fn sharing(&self) -> Sharing {
+        // A writable open holds the root's instance lock; a read-only one
+        // deletes nothing. Shared media is declared at the store, not here.
+        Sharing::Process
+    }
+
     async fn has(&self, key: &Key) -> Result<bool> {
         Ok(self.size(key).await?.is_some())
     }
@@ -641,6 +647,21 @@ impl Backend for LocalBackend {
     }
 
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.read_range(key, offset, len).await
+    }
+
+    async fn reclaim_abandoned(&self) -> Result<u64> {
+        if !self.inner.opts.mode.writable() {
+            return Ok(0);
+        }
+        let inner = self.inner.clone();
+        blocking(&self.inner.display, move || inner.reclaim()).await
+    }
+}
+
+#[async_trait]
+impl LargeBackend for LocalBackend {
+    async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         let inner = self.inner.clone();
         let path = inner.path_of(key);
         let k = *key;
@@ -690,14 +711,6 @@ impl Backend for LocalBackend {
             written: 0,
             done: false,
         }))
-    }
-
-    async fn reclaim_abandoned(&self) -> Result<u64> {
-        if !self.inner.opts.mode.writable() {
-            return Ok(0);
-        }
-        let inner = self.inner.clone();
-        blocking(&self.inner.display, move || inner.reclaim()).await
     }
 }
 

@@ -9,7 +9,9 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::{Backend, KeyStream, PutOutcome};
+use super::{
+    Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite, slice_range,
+};
 use crate::{Key, Result};
 
 /// How many keys one page of `list` copies out under the read lock.
@@ -65,6 +67,10 @@ impl Backend for MemBackend {
         "mem"
     }
 
+    fn sharing(&self) -> Sharing {
+        Sharing::Process
+    }
+
     async fn has(&self, key: &Key) -> Result<bool> {
         Ok(self.read().contains_key(key))
     }
@@ -87,30 +93,22 @@ impl Backend for MemBackend {
     }
 
     fn list(&self) -> KeyStream<'_> {
-        // Page through the ordered map so the read lock is held only for one
-        // page at a time and a huge map is never copied whole.
-        let pages = futures::stream::unfold(Some(None::<Key>), move |cursor| async move {
-            let after = cursor?;
-            let page: Vec<Key> = {
-                let map = self.read();
-                let lower = match after {
-                    Some(k) => Bound::Excluded(k),
-                    None => Bound::Unbounded,
-                };
-                map.range((lower, Bound::Unbounded))
+        // One page at a time under the read lock: a huge map is never
+        // copied whole.
+        crate::pager::paged(
+            LIST_PAGE,
+            |k: &Key| *k,
+            move |after: Option<Key>| {
+                let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
+                let page: Vec<Key> = self
+                    .read()
+                    .range((lower, Bound::Unbounded))
                     .take(LIST_PAGE)
                     .map(|(k, _)| *k)
-                    .collect()
-            };
-            if page.is_empty() {
-                return None;
-            }
-            let next = (page.len() == LIST_PAGE).then(|| page.last().copied());
-            Some((page, next))
-        });
-        Box::pin(futures::StreamExt::flat_map(pages, |page| {
-            futures::stream::iter(page.into_iter().map(Ok))
-        }))
+                    .collect();
+                futures::future::ready(Ok(page))
+            },
+        )
     }
 
     async fn size(&self, key: &Key) -> Result<Option<u64>> {
@@ -136,5 +134,55 @@ impl Backend for MemBackend {
         let map = self.read();
         let bytes = map.values().map(|v| v.len() as u64).sum();
         Ok(Some((map.len() as u64, bytes)))
+    }
+}
+
+/// As a large engine the map already holds every blob in memory, so a
+/// buffered write costs nothing the engine would not pay anyway.
+#[async_trait]
+impl LargeBackend for MemBackend {
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        Ok(Box::new(MemWrite {
+            engine: self,
+            buf: bytes::BytesMut::new(),
+        }))
+    }
+
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        Ok(self
+            .read()
+            .get(key)
+            .cloned()
+            .map(|b| Box::pin(std::io::Cursor::new(b)) as BlobReader))
+    }
+
+    async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let value = self.read().get(key).cloned();
+        match value {
+            Some(v) => slice_range(key, &v, offset, len).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+struct MemWrite<'a> {
+    engine: &'a MemBackend,
+    buf: bytes::BytesMut,
+}
+
+#[async_trait]
+impl StagedWrite for MemWrite<'_> {
+    async fn write(&mut self, chunk: Bytes) -> Result<()> {
+        self.buf.extend_from_slice(&chunk);
+        Ok(())
+    }
+    fn written(&self) -> u64 {
+        self.buf.len() as u64
+    }
+    async fn commit(self: Box<Self>, key: &Key) -> Result<PutOutcome> {
+        self.engine.put(key, self.buf.freeze()).await
+    }
+    async fn abort(self: Box<Self>) -> Result<()> {
+        Ok(())
     }
 }

@@ -2,16 +2,19 @@
 //!
 //! An engine stores opaque bytes under [`Key`]s. It knows nothing of tiers,
 //! thresholds, pins or garbage collection: the [`crate::Store`] facade adds
-//! those on top of any pair of engines. Third parties add engines by
-//! implementing [`Backend`]; the trait is object-safe and the store holds
-//! engines as `Arc<dyn Backend>`.
+//! tiers on top of any pair of engines, and its [`crate::arbiter::Arbiter`]
+//! decides what may be deleted. Third parties add engines by implementing
+//! [`Backend`] (and [`LargeBackend`] for the large tier); the traits are
+//! object-safe, the store holds engines as `Arc<dyn …>`, and `Arc<T>` /
+//! `Box<T>` of an engine are engines too. The conformance suites in
+//! `alkblobs::conformance` (feature `conformance`) run the same cases over a
+//! third-party engine that ours pass.
 
 use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::stream::BoxStream;
 use tokio::io::AsyncRead;
 
@@ -21,9 +24,7 @@ pub mod local;
 pub mod mem;
 pub mod sqlite;
 
-mod gc_tables;
 mod lockfile;
-pub use gc_tables::{GcTables, MemGcTables, StagedRow};
 pub(crate) use lockfile::{InstanceLock, Wait};
 
 /// A stream of keys, in ascending byte order, each at most once.
@@ -84,7 +85,29 @@ impl OpenMode {
     }
 }
 
-/// The engine contract.
+/// Who else can reach an engine's entries. The store's arbiter decides who
+/// may delete what; an in-process arbiter is only sound when nothing outside
+/// this process can put, pin or delete behind its back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharing {
+    /// Only this process writes the entries: an in-memory engine, or an
+    /// embedded engine holding its exclusive instance lock (or opened
+    /// read-only, so it deletes nothing).
+    Process,
+    /// Other processes or nodes can reach and change the entries without
+    /// this process knowing: a database server, shared media without an
+    /// instance lock. An in-process arbiter over such an engine would sweep
+    /// a shared pool against only its own pins — the data-loss shape of
+    /// ADR-008 §2 — so the store builder refuses it unless the embedder
+    /// declares a single-instance topology.
+    Shared,
+}
+
+/// The engine contract: storage of immutable blobs under their keys, and
+/// nothing else. Engines know nothing of tiers, pins or garbage collection;
+/// the store's [`crate::arbiter::Arbiter`] decides what may be deleted and
+/// is the only caller of [`Backend::delete`] on pool entries.
 ///
 /// # Contract
 ///
@@ -102,16 +125,27 @@ impl OpenMode {
 ///   may not appear.
 /// - **`size` is cheap**: an indexed column read, a `stat`, a companion row —
 ///   never a value load.
-/// - **Errors name the engine**: every engine implements `Display` (e.g.
-///   `sqlite(/data/index.sqlite)`) and wraps its failures with
-///   [`crate::Error::engine`].
-/// - If the engine hosts the GC tables ([`Backend::gc_tables`] is `Some`),
-///   `put`, `put_many` and `delete_many` also clear the keys' staged rows in
-///   the same transaction, so that a re-put key gets a fresh delete window.
+/// - **Errors name the engine and classify**: every engine implements
+///   `Display` (e.g. `sqlite(/data/index.sqlite)`) and wraps its failures
+///   with [`crate::Error::engine`]. An engine may also return
+///   [`crate::Error::Conflict`] or [`crate::Error::Unavailable`] (both
+///   retryable: the call changed nothing, or is idempotent),
+///   [`crate::Error::ReadOnly`], [`crate::Error::InUse`] (at open) and
+///   [`crate::Error::InvalidRange`]. [`crate::Error::from_sqlstate`]
+///   classifies database errors.
+/// - **Sharing is declared** ([`Backend::sharing`]): an engine that other
+///   processes can reach says so, and the store will not sweep it with an
+///   in-process arbiter.
+/// - Large engines also implement [`LargeBackend`]: streaming writes and
+///   ranged, streaming reads with no whole-blob buffering.
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     /// The engine's kind, e.g. `"sqlite"`.
     fn name(&self) -> &str;
+
+    /// Who else can reach the entries (see [`Sharing`]). Required, so that a
+    /// network engine cannot forget to say it is shared.
+    fn sharing(&self) -> Sharing;
 
     /// Whether `key` is present.
     ///
@@ -124,8 +158,8 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     /// The whole value, or `None`.
     ///
     /// # Behavior
-    /// - Loads the value into memory; large engines offer
-    ///   [`Backend::open_read`] and [`Backend::get_range`] for big blobs.
+    /// - Loads the value into memory; the store reads big blobs through
+    ///   [`LargeBackend::open_read`] and [`LargeBackend::read_range`].
     async fn get(&self, key: &Key) -> Result<Option<Bytes>>;
 
     /// Stores `value` under `key`.
@@ -142,8 +176,8 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     ///
     /// # Behavior
     /// - Deleting a missing key is `Ok(None)`, not an error.
-    /// - Only the garbage collector's executor deletes pool entries; it calls
-    ///   this under its arbitration.
+    /// - The engine deletes what it is told; whether a pool entry *may* be
+    ///   deleted is the arbiter's decision, taken before this call.
     async fn delete(&self, key: &Key) -> Result<Option<u64>>;
 
     /// Every key, ascending, streamed (see the contract).
@@ -161,41 +195,14 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     /// - The range is clamped to the blob: a read at `offset == size` is
     ///   empty.
     /// - `offset > size` is [`crate::Error::InvalidRange`].
-    /// - The default loads the whole value and slices it; large engines read
-    ///   only the window.
+    /// - The default loads the whole value and slices it: right for kv
+    ///   engines, whose values are at most the kv threshold. The store reads
+    ///   ranges of the large tier through [`LargeBackend::read_range`].
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         let Some(value) = self.get(key).await? else {
             return Ok(None);
         };
         slice_range(key, &value, offset, len).map(Some)
-    }
-
-    /// A reader over the value, or `None`.
-    ///
-    /// # Behavior
-    /// - The default wraps [`Backend::get`]; large engines stream from
-    ///   storage in bounded memory.
-    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        Ok(self
-            .get(key)
-            .await?
-            .map(|b| Box::pin(std::io::Cursor::new(b)) as BlobReader))
-    }
-
-    /// Starts a streaming write whose key is known only at the end.
-    ///
-    /// # Behavior
-    /// - Bytes go to a staging area invisible to readers; [`StagedWrite::commit`]
-    ///   publishes them atomically under a key; dropping or aborting the
-    ///   write discards them.
-    /// - The default buffers in memory and calls [`Backend::put`] at commit:
-    ///   fine for kv engines, which only ever receive blobs under the
-    ///   threshold. Large engines override it to stream to storage.
-    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
-        Ok(Box::new(BufferedWrite {
-            backend: self,
-            buf: BytesMut::new(),
-        }))
     }
 
     /// Stores many small values; kv engines do it in one transaction.
@@ -235,15 +242,46 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
         Ok(0)
     }
 
-    /// The durable GC tables (staged candidates, roots) this engine hosts in
-    /// its own database, if any. SQL engines host them; `mem`/`local` do not
-    /// and the store keeps its GC state in process.
-    fn gc_tables(&self) -> Option<Arc<dyn GcTables>> {
-        None
+    /// Finishes background work and releases the engine's resources (a
+    /// SQLite engine checkpoints and removes its WAL). Later calls may fail.
+    /// The default has nothing to do.
+    async fn close(&self) -> Result<()> {
+        Ok(())
     }
 }
 
-/// A write in progress; see [`Backend::begin_write`].
+/// A large-tier engine: a [`Backend`] that can hold blobs far bigger than
+/// memory. Every method is required — there is no whole-blob default that
+/// compiles and then exhausts memory on a 10 GiB blob.
+///
+/// # Contract
+/// - [`LargeBackend::begin_write`] streams to a staging area invisible to
+///   readers; its commit publishes atomically (the same atomic, immutable
+///   put as [`Backend::put`]).
+/// - [`LargeBackend::open_read`] and [`LargeBackend::read_range`] read in
+///   memory bounded by the request, not by the blob.
+#[async_trait]
+pub trait LargeBackend: Backend {
+    /// Starts a streaming write whose key is known only at the end.
+    ///
+    /// # Behavior
+    /// - Bytes go to a staging area invisible to readers;
+    ///   [`StagedWrite::commit`] publishes them atomically under a key;
+    ///   dropping or aborting the write discards them.
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>>;
+
+    /// A reader over the value, or `None`, streaming from storage.
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>>;
+
+    /// Up to `len` bytes from `offset`, reading only that window.
+    ///
+    /// # Behavior
+    /// - Clamped to the end like [`Backend::get_range`]; `offset > size` is
+    ///   [`crate::Error::InvalidRange`].
+    async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>>;
+}
+
+/// A write in progress; see [`LargeBackend::begin_write`].
 #[async_trait]
 pub trait StagedWrite: Send {
     /// Appends a chunk.
@@ -262,27 +300,7 @@ pub trait StagedWrite: Send {
     async fn abort(self: Box<Self>) -> Result<()>;
 }
 
-struct BufferedWrite<'a, B: Backend + ?Sized> {
-    backend: &'a B,
-    buf: BytesMut,
-}
-
-#[async_trait]
-impl<B: Backend + ?Sized> StagedWrite for BufferedWrite<'_, B> {
-    async fn write(&mut self, chunk: Bytes) -> Result<()> {
-        self.buf.extend_from_slice(&chunk);
-        Ok(())
-    }
-    fn written(&self) -> u64 {
-        self.buf.len() as u64
-    }
-    async fn commit(self: Box<Self>, key: &Key) -> Result<PutOutcome> {
-        self.backend.put(key, self.buf.freeze()).await
-    }
-    async fn abort(self: Box<Self>) -> Result<()> {
-        Ok(())
-    }
-}
+mod forward;
 
 /// Conveniences over any [`Backend`]; engines never implement this.
 #[async_trait]

@@ -14,15 +14,29 @@
 //! about 50 bytes a row — and never a page of value bytes. `WITHOUT ROWID`
 //! suits `entries` because its rows are tiny; values stay in a rowid table
 //! (SQLite's guidance: keep `WITHOUT ROWID` rows under ~1/20 of a page).
-//! The same database hosts the GC tables ([`GcTables`]), so a put clears its
-//! key's staged row in the entry's own transaction.
+//!
+//! The same database hosts the single-node arbiter's durable tables
+//! (`staged`, `roots`; their SQL is in `arbiter/single/sqlite_tables.rs`).
+//! The engine's one cooperation with them is wired by that module, not
+//! discovered through the [`Backend`] trait: once attached, a put deletes its
+//! key's `staged` row in the entry's own transaction, so a re-put key gets a
+//! fresh delete window atomically with the put.
 //!
 //! # Concurrency
 //!
 //! One writer connection behind a mutex and a pool of read-only connections;
-//! WAL lets readers run beside the writer. Every call runs on tokio's
-//! blocking pool, never on an async worker. A writable open takes the
-//! instance lock `<db>.lock` (see [`OpenMode`]).
+//! WAL lets readers run beside the writer. Blocking SQLite calls run through
+//! `blocking`: `block_in_place` on a multi-threaded runtime (the worker hands
+//! its other tasks away first), the blocking pool otherwise. A writable open
+//! takes the instance lock `<db stem>.lock` beside the database — for the
+//! embedded default, `index.lock` (see [`OpenMode`]).
+//!
+//! # Closing
+//!
+//! [`Backend::close`] checkpoints the WAL into the database and closes every
+//! connection, so `-wal` and `-shm` are removed. Dropping the last handle
+//! closes the readers before the writer for the same effect: SQLite removes
+//! the WAL only when the last connection to close can write.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -34,8 +48,7 @@ use bytes::Bytes;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::{
-    Backend, Durability, GcTables, InstanceLock, KeyStream, OpenMode, PutOutcome, StagedRow,
-    blocking,
+    Backend, Durability, InstanceLock, KeyStream, OpenMode, PutOutcome, Sharing, blocking,
 };
 use crate::{Error, Key, Result};
 
@@ -119,29 +132,33 @@ pub struct SqliteBackend {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+// Field order is drop order: readers close before the writer, so the last
+// connection to close can checkpoint and remove the WAL; the instance lock
+// is released last.
+pub(crate) struct Inner {
     path: PathBuf,
-    display: String,
+    pub(crate) display: String,
     opts: SqliteOptions,
-    writer: Option<Mutex<Writer>>,
     readers: Mutex<Vec<Connection>>,
+    closed: std::sync::atomic::AtomicBool,
+    writer: Option<Mutex<Option<Writer>>>,
     _lock: Option<InstanceLock>,
 }
 
 /// The writer connection and the state only the writer touches. One
 /// instance writes a database (the instance lock), so this state is exact.
-struct Writer {
-    conn: Connection,
+pub(crate) struct Writer {
+    pub(crate) conn: Connection,
     /// The next `vals.vid` to hand out.
     next_vid: i64,
     /// Whether `staged` may hold rows. While it is known empty a put skips
-    /// the staged-row delete. Set by `stage`, recomputed after statements
-    /// that remove staged rows.
-    staged_nonempty: bool,
+    /// the staged-row delete. Set by the arbiter's `stage`, recomputed after
+    /// statements that remove staged rows.
+    pub(crate) staged_nonempty: bool,
 }
 
 impl Writer {
-    fn refresh_staged(&mut self) -> rusqlite::Result<()> {
+    pub(crate) fn refresh_staged(&mut self) -> rusqlite::Result<()> {
         self.staged_nonempty =
             self.conn
                 .query_row("SELECT EXISTS (SELECT 1 FROM staged)", [], |r| r.get(0))?;
@@ -156,16 +173,16 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-fn key_param(k: &Key) -> &[u8] {
+pub(crate) fn key_param(k: &Key) -> &[u8] {
     k.as_bytes()
 }
 
-fn after_param(after: Option<Key>) -> Vec<u8> {
+pub(crate) fn after_param(after: Option<Key>) -> Vec<u8> {
     // The empty blob sorts before every 32-byte key.
     after.map(|k| k.as_bytes().to_vec()).unwrap_or_default()
 }
 
-fn key_from_row(bytes: Vec<u8>) -> rusqlite::Result<Key> {
+pub(crate) fn key_from_row(bytes: Vec<u8>) -> rusqlite::Result<Key> {
     Key::from_slice(&bytes).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, Box::new(e))
     })
@@ -201,6 +218,11 @@ impl Inner {
     }
 
     fn take_reader(&self) -> rusqlite::Result<Connection> {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(rusqlite::Error::InvalidParameterName(
+                "the engine was closed".into(),
+            ));
+        }
         let pooled = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match pooled {
             Some(c) => Ok(c),
@@ -210,16 +232,40 @@ impl Inner {
 
     fn give_back(&self, conn: Connection) {
         let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < 16 {
+        if pool.len() < 16 && !self.closed.load(std::sync::atomic::Ordering::Acquire) {
             pool.push(conn);
         }
+    }
+
+    /// Checkpoints and closes every connection; see the module docs.
+    fn close(&self) -> Result<()> {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        let Some(writer) = &self.writer else {
+            return Ok(());
+        };
+        let mut slot = writer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = slot.take() {
+            w.conn
+                .execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+                .map_err(|e| self.fail("checkpoint the WAL", e))?;
+            w.conn
+                .close()
+                .map_err(|(_, e)| self.fail("close the database", e))?;
+        }
+        Ok(())
     }
 }
 
 impl SqliteBackend {
     /// Opens (creating if needed, unless read-only) the database at `path`.
     ///
-    /// A writable open takes the instance lock `<path>.lock`; a second
+    /// A writable open takes the instance lock: `path` with its extension
+    /// replaced by `lock` (`index.sqlite` → `index.lock`); a second
     /// writer process gets [`Error::InUse`] (or waits, with
     /// [`OpenMode::WriteWait`]).
     pub async fn open(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<SqliteBackend> {
@@ -290,7 +336,7 @@ impl SqliteBackend {
                 staged_nonempty: true,
             };
             w.refresh_staged().map_err(unable)?;
-            (Some(Mutex::new(w)), Some(lock))
+            (Some(Mutex::new(Some(w))), Some(lock))
         } else {
             (None, None)
         };
@@ -298,8 +344,9 @@ impl SqliteBackend {
             path: path.clone(),
             display: display.clone(),
             opts,
-            writer,
             readers: Mutex::new(Vec::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            writer,
             _lock: lock,
         };
         // Prove a reader can open and the schema is there.
@@ -321,7 +368,7 @@ impl SqliteBackend {
         &self.inner.path
     }
 
-    async fn read<T, F>(&self, action: &'static str, f: F) -> Result<T>
+    pub(crate) async fn read<T, F>(&self, action: &'static str, f: F) -> Result<T>
     where
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
         T: Send + 'static,
@@ -336,7 +383,7 @@ impl SqliteBackend {
         .await
     }
 
-    async fn write<T, F>(&self, action: &'static str, f: F) -> Result<T>
+    pub(crate) async fn write<T, F>(&self, action: &'static str, f: F) -> Result<T>
     where
         F: FnOnce(&mut Writer) -> rusqlite::Result<T> + Send + 'static,
         T: Send + 'static,
@@ -350,8 +397,14 @@ impl SqliteBackend {
         let inner = self.inner.clone();
         blocking(&self.inner.display, move || {
             let writer = inner.writer.as_ref().expect("checked above");
-            let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut w).map_err(|e| inner.fail(action, e))
+            let mut slot = writer.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(w) = slot.as_mut() else {
+                return Err(Error::engine(
+                    &inner.display,
+                    format!("unable to {action}: the engine was closed"),
+                ));
+            };
+            f(w).map_err(|e| inner.fail(action, e))
         })
         .await
     }
@@ -445,6 +498,12 @@ impl Backend for SqliteBackend {
         "sqlite"
     }
 
+    fn sharing(&self) -> Sharing {
+        // A writable open holds the instance lock; a read-only one deletes
+        // nothing.
+        Sharing::Process
+    }
+
     async fn has(&self, key: &Key) -> Result<bool> {
         let k = *key;
         self.read("probe an entry", move |c| {
@@ -494,10 +553,12 @@ impl Backend for SqliteBackend {
     }
 
     fn list(&self) -> KeyStream<'_> {
-        let pages = futures::stream::unfold(Some(Vec::<u8>::new()), move |cursor| async move {
-            let after = cursor?;
-            let page = self
-                .read("list keys", move |c| {
+        crate::pager::paged(
+            LIST_PAGE as usize,
+            |k: &Key| *k,
+            move |after| {
+                let after = after_param(after);
+                self.read("list keys", move |c| {
                     let mut stmt = c.prepare_cached(
                         "SELECT key FROM entries WHERE key > ?1 ORDER BY key LIMIT ?2",
                     )?;
@@ -506,19 +567,8 @@ impl Backend for SqliteBackend {
                     })?;
                     rows.collect::<rusqlite::Result<Vec<Key>>>()
                 })
-                .await;
-            match page {
-                Err(e) => Some((vec![Err(e)], None)),
-                Ok(keys) if keys.is_empty() => None,
-                Ok(keys) => {
-                    let next = (keys.len() as i64 == LIST_PAGE)
-                        .then(|| keys.last().map(|k| k.as_bytes().to_vec()))
-                        .flatten();
-                    Some((keys.into_iter().map(Ok).collect(), next))
-                }
-            }
-        });
-        Box::pin(futures::StreamExt::flat_map(pages, futures::stream::iter))
+            },
+        )
     }
 
     async fn size(&self, key: &Key) -> Result<Option<u64>> {
@@ -615,197 +665,8 @@ impl Backend for SqliteBackend {
         .map(Some)
     }
 
-    fn gc_tables(&self) -> Option<Arc<dyn GcTables>> {
-        Some(Arc::new(self.clone()))
-    }
-}
-
-fn staged_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StagedRow> {
-    Ok(StagedRow {
-        key: key_from_row(r.get(0)?)?,
-        staged_at_ms: r.get(1)?,
-        visible_after_ms: r.get(2)?,
-    })
-}
-
-fn for_each_key<F>(
-    w: &mut Writer,
-    keys: Vec<Key>,
-    sql: &'static str,
-    mut f: F,
-) -> rusqlite::Result<u64>
-where
-    F: FnMut(&mut rusqlite::CachedStatement<'_>, &Key) -> rusqlite::Result<usize>,
-{
-    let tx = w
-        .conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let mut n = 0u64;
-    {
-        let mut stmt = tx.prepare_cached(sql)?;
-        for k in &keys {
-            n += f(&mut stmt, k)? as u64;
-        }
-    }
-    tx.commit()?;
-    Ok(n)
-}
-
-#[async_trait]
-impl GcTables for SqliteBackend {
-    fn durable(&self) -> bool {
-        true
-    }
-
-    async fn discard_unsealed(&self) -> Result<u64> {
-        self.write("discard unsealed staged rows", |w| {
-            let n = w
-                .conn
-                .execute("DELETE FROM staged WHERE visible_after IS NULL", [])?;
-            w.refresh_staged()?;
-            Ok(n as u64)
-        })
-        .await
-    }
-
-    async fn stage(&self, keys: &[Key], now_ms: i64) -> Result<u64> {
-        let keys = keys.to_vec();
-        self.write("stage candidates", move |w| {
-            // Set before the rows exist: a put racing this stage then clears
-            // the row it finds (the flag is only read under this mutex).
-            w.staged_nonempty = true;
-            for_each_key(
-                w,
-                keys,
-                "INSERT INTO staged (key, staged_at, visible_after) VALUES (?1, ?2, NULL) ON CONFLICT (key) DO NOTHING",
-                |s, k| s.execute(rusqlite::params![key_param(k), now_ms]),
-            )
-        })
-        .await
-    }
-
-    async fn seal(&self, visible_after_ms: i64) -> Result<u64> {
-        self.write("seal staged rows", move |w| {
-            w.conn
-                .execute(
-                    "UPDATE staged SET visible_after = ?1 WHERE visible_after IS NULL",
-                    [visible_after_ms],
-                )
-                .map(|n| n as u64)
-        })
-        .await
-    }
-
-    async fn due(&self, now_ms: i64, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
-        let after = after_param(after);
-        self.read("read due staged rows", move |c| {
-            let mut s = c.prepare_cached(
-                // Walks the primary key, already in key order.
-                "SELECT key, staged_at, visible_after FROM staged
-                 WHERE key > ?1 AND visible_after <= ?2
-                 ORDER BY key LIMIT ?3",
-            )?;
-            let rows = s.query_map(rusqlite::params![after, now_ms, limit as i64], staged_row)?;
-            rows.collect()
-        })
-        .await
-    }
-
-    async fn unstage(&self, keys: &[Key]) -> Result<u64> {
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let keys = keys.to_vec();
-        self.write("unstage keys", move |w| {
-            if !w.staged_nonempty {
-                return Ok(0);
-            }
-            let n = for_each_key(w, keys, "DELETE FROM staged WHERE key = ?1", |s, k| {
-                s.execute([key_param(k)])
-            })?;
-            w.refresh_staged()?;
-            Ok(n)
-        })
-        .await
-    }
-
-    async fn staged(&self, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
-        let after = after_param(after);
-        self.read("list staged rows", move |c| {
-            let mut s = c.prepare_cached(
-                "SELECT key, staged_at, visible_after FROM staged WHERE key > ?1 ORDER BY key LIMIT ?2",
-            )?;
-            let rows = s.query_map(rusqlite::params![after, limit as i64], staged_row)?;
-            rows.collect()
-        })
-        .await
-    }
-
-    async fn add_roots(&self, keys: &[Key]) -> Result<u64> {
-        let keys = keys.to_vec();
-        self.write("add roots", move |w| {
-            for_each_key(
-                w,
-                keys,
-                "INSERT INTO roots (key) VALUES (?1) ON CONFLICT (key) DO NOTHING",
-                |s, k| s.execute([key_param(k)]),
-            )
-        })
-        .await
-    }
-
-    async fn remove_roots(&self, keys: &[Key]) -> Result<u64> {
-        let keys = keys.to_vec();
-        self.write("remove roots", move |w| {
-            for_each_key(w, keys, "DELETE FROM roots WHERE key = ?1", |s, k| {
-                s.execute([key_param(k)])
-            })
-        })
-        .await
-    }
-
-    async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>> {
-        let after = after_param(after);
-        self.read("list roots", move |c| {
-            let mut s =
-                c.prepare_cached("SELECT key FROM roots WHERE key > ?1 ORDER BY key LIMIT ?2")?;
-            let rows = s.query_map(rusqlite::params![after, limit as i64], |r| {
-                key_from_row(r.get(0)?)
-            })?;
-            rows.collect()
-        })
-        .await
-    }
-
-    async fn roots_contain(&self, keys: &[Key]) -> Result<Vec<bool>> {
-        let keys = keys.to_vec();
-        self.read("probe roots", move |c| {
-            let sorted = keys.windows(2).all(|w| w[0] < w[1]);
-            if sorted && keys.len() > 16 {
-                // The GC asks about key-ordered batches: one range scan and
-                // a merge instead of a probe per key.
-                let (first, last) = (keys[0], keys[keys.len() - 1]);
-                let mut s = c.prepare_cached(
-                    "SELECT key FROM roots WHERE key >= ?1 AND key <= ?2 ORDER BY key",
-                )?;
-                let mut rows = s.query([key_param(&first), key_param(&last)])?;
-                let mut out = vec![false; keys.len()];
-                let mut i = 0;
-                while let Some(row) = rows.next()? {
-                    let root = key_from_row(row.get(0)?)?;
-                    while i < keys.len() && keys[i] < root {
-                        i += 1;
-                    }
-                    if i < keys.len() && keys[i] == root {
-                        out[i] = true;
-                        i += 1;
-                    }
-                }
-                return Ok(out);
-            }
-            let mut s = c.prepare_cached("SELECT 1 FROM roots WHERE key = ?1")?;
-            keys.iter().map(|k| s.exists([key_param(k)])).collect()
-        })
-        .await
+    async fn close(&self) -> Result<()> {
+        let inner = self.inner.clone();
+        blocking(&self.inner.display, move || inner.close()).await
     }
 }

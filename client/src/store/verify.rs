@@ -1,13 +1,17 @@
-//! The scrub: re-hash every entry of the pool and report what is wrong.
+//! Verification: verified reads (whole and streaming) and the scrub that
+//! re-hashes every entry of the pool.
 
-use std::sync::Arc;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use futures::TryStreamExt;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
+use super::put::hash;
 use super::{Store, Tier};
-use crate::backend::Backend;
-use crate::{Key, Result};
+use crate::backend::{Backend, BlobReader};
+use crate::{Error, Key, Result};
 
 /// One damaged entry.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -58,11 +62,23 @@ enum Check {
     Corrupt(String),
 }
 
-async fn check(engine: &Arc<dyn Backend>, key: &Key) -> Result<Check> {
+/// Re-hashes one entry of `tier`, streaming large ones.
+async fn check(store: &Store, tier: Tier, key: &Key) -> Result<Check> {
+    let engine: &dyn Backend = match tier {
+        Tier::Kv => store.kv().as_ref(),
+        Tier::Large => store.large_engine()?.as_ref(),
+    };
     let Some(recorded) = engine.size(key).await? else {
         return Ok(Check::Vanished);
     };
-    let Some(mut reader) = engine.open_read(key).await? else {
+    let reader = match tier {
+        Tier::Kv => engine
+            .get(key)
+            .await?
+            .map(|b| Box::pin(std::io::Cursor::new(b)) as BlobReader),
+        Tier::Large => store.large_engine()?.open_read(key).await?,
+    };
+    let Some(mut reader) = reader else {
         return Ok(Check::Vanished);
     };
     let mut hasher = blake3::Hasher::new();
@@ -94,6 +110,40 @@ async fn check(engine: &Arc<dyn Backend>, key: &Key) -> Result<Check> {
 }
 
 impl Store {
+    /// Like [`Store::get`], re-hashing the bytes: corruption is
+    /// [`Error::Corrupt`], blaming the engine that answered.
+    pub async fn get_verified(&self, key: &Key) -> Result<Option<Bytes>> {
+        let Some((v, tier)) = self.first(self.kv().get(key), |l| l.get(key)).await? else {
+            return Ok(None);
+        };
+        let actual = hash(&v).await;
+        if actual != *key {
+            let engine = match tier {
+                Tier::Kv => self.kv().to_string(),
+                Tier::Large => self.large_engine()?.to_string(),
+            };
+            return Err(Error::Corrupt {
+                key: *key,
+                engine,
+                detail: format!("content hashes to {actual}"),
+            });
+        }
+        Ok(Some(v))
+    }
+
+    /// A streaming reader that re-hashes as it goes: if the content does not
+    /// match the key, the read that reaches the end fails with
+    /// `io::ErrorKind::InvalidData` instead of returning end-of-file.
+    pub async fn open_read_verified(&self, key: &Key) -> Result<Option<BlobReader>> {
+        Ok(self.open_read(key).await?.map(|inner| {
+            Box::pin(VerifyingReader {
+                inner,
+                hasher: blake3::Hasher::new(),
+                expected: *key,
+            }) as BlobReader
+        }))
+    }
+
     /// Re-hashes every entry of both tiers (streaming large ones) and checks
     /// that every root exists.
     pub async fn verify(&self) -> Result<VerifyReport> {
@@ -103,12 +153,14 @@ impl Store {
     /// [`Store::verify`] with a progress callback.
     pub async fn verify_with(&self, progress: impl Fn(VerifyProgress)) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
-        let tiers = std::iter::once((Tier::Kv, self.kv().clone()))
-            .chain(self.large().map(|l| (Tier::Large, l.clone())));
-        for (tier, engine) in tiers {
-            let mut keys = engine.list();
+        let tiers = std::iter::once(Tier::Kv).chain(self.large().map(|_| Tier::Large));
+        for tier in tiers {
+            let mut keys = match tier {
+                Tier::Kv => self.kv().list(),
+                Tier::Large => self.large_engine()?.list(),
+            };
             while let Some(key) = keys.try_next().await? {
-                match check(&engine, &key).await? {
+                match check(self, tier, &key).await? {
                     Check::Ok(n) => {
                         report.checked += 1;
                         report.bytes += n;
@@ -133,5 +185,44 @@ impl Store {
             }
         }
         Ok(report)
+    }
+}
+
+/// Re-hashes a blob as it is read; see [`Store::open_read_verified`].
+struct VerifyingReader {
+    inner: BlobReader,
+    hasher: blake3::Hasher,
+    expected: Key,
+}
+
+impl AsyncRead for VerifyingReader {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match this.inner.as_mut().poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let new = &buf.filled()[before..];
+                if new.is_empty() && buf.remaining() > 0 {
+                    let actual = Key::from_hash(this.hasher.finalize());
+                    if actual != this.expected {
+                        return Poll::Ready(Err(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!(
+                                "blob {} is corrupt: its content hashes to {actual}",
+                                this.expected
+                            ),
+                        )));
+                    }
+                } else {
+                    this.hasher.update(new);
+                }
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
     }
 }

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 
 use crate::Key;
+use crate::arbiter::{PinGuard, PinRelease};
 
 #[derive(Debug, Default)]
 pub(crate) struct PinMap {
@@ -79,12 +80,11 @@ impl PinMap {
                 Some(mut rx) => while rx.changed().await.is_ok() {},
             }
         }
-        PinGuard {
-            keys: keys.to_vec(),
-            map: Some(self.clone()),
-        }
+        PinGuard::new(keys.to_vec(), self.clone())
     }
+}
 
+impl PinRelease for PinMap {
     fn release(&self, keys: &[Key]) {
         let mut s = self.lock();
         for k in keys {
@@ -97,7 +97,9 @@ impl PinMap {
             s.touch(k);
         }
     }
+}
 
+impl PinMap {
     /// How many pins `key` has.
     pub(crate) fn count(&self, key: &Key) -> u32 {
         self.lock().counts.get(key).copied().unwrap_or(0)
@@ -140,46 +142,6 @@ impl PinMap {
         let mut s = self.lock();
         for k in keys {
             s.deleting.remove(k);
-        }
-    }
-}
-
-/// Pins held on one or more keys; dropping it releases them.
-///
-/// Every put returns one: the key was pinned *before* its content was
-/// published, so no sweep can collect it while you record it in your own
-/// liveness. Record first, then drop the guard.
-#[must_use = "dropping a pin guard releases the pin at once"]
-#[derive(Debug)]
-pub struct PinGuard {
-    keys: Vec<Key>,
-    map: Option<Arc<PinMap>>,
-}
-
-impl PinGuard {
-    /// The pinned keys (one per pin; a key pinned twice appears twice).
-    pub fn keys(&self) -> &[Key] {
-        &self.keys
-    }
-
-    /// Releases the pins now (the same as dropping the guard).
-    pub fn release(self) {}
-
-    /// Moves `other`'s pins into this guard.
-    pub fn merge(&mut self, mut other: PinGuard) {
-        if self.map.is_none() {
-            self.map = other.map.take();
-        } else {
-            other.map = None;
-        }
-        self.keys.append(&mut other.keys);
-    }
-}
-
-impl Drop for PinGuard {
-    fn drop(&mut self) {
-        if let Some(map) = self.map.take() {
-            map.release(&self.keys);
         }
     }
 }

@@ -1,14 +1,15 @@
-//! Cases over one engine, through `&dyn Backend` only.
+//! Cases over one engine, through `&dyn Backend` (every engine) and
+//! `&dyn LargeBackend` (large engines: streaming writes and reads).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use alkblobs::backend::Backend;
-use alkblobs::{BackendExt, Error, Key, PutOutcome};
 use bytes::Bytes;
 use futures::TryStreamExt;
 
-use crate::{absent_key, data};
+use super::{absent_key, data};
+use crate::backend::{Backend, LargeBackend};
+use crate::{BackendExt, Error, Key, PutOutcome};
 
 /// What an engine is expected to handle.
 #[derive(Debug, Clone, Copy)]
@@ -19,31 +20,53 @@ pub struct Caps {
     pub list_keys: usize,
 }
 
-/// Stamps one test per case for an engine. `$make` is an async block
-/// returning `(engine, guard)`; the guard (e.g. a temp dir) lives as long as
-/// the test.
+/// Stamps one test per case for an engine, kv or large. `$make` is an
+/// async block returning `(engine, guard)`; the guard (e.g. a temp dir)
+/// lives as long as the test. Every case runs through `Arc<dyn Backend>`.
+///
+/// ```text
+/// alkblobs::backend_suite!(my_engine, alkblobs::conformance::backend::Caps {
+///     max_value: 65_537, list_keys: 10_000 }, async { (MyEngine::new(), ()) });
+/// ```
 #[macro_export]
 macro_rules! backend_suite {
     ($engine:ident, $caps:expr, $make:expr) => {
         mod $engine {
             #[allow(unused_imports)]
             use super::*;
-            $crate::backend_suite!(@cases $caps, $make;
+            $crate::backend_suite!(@cases $caps, $make, dyn $crate::backend::Backend;
                 round_trips, put_is_immutable, missing_keys, delete_semantics,
                 ranges_at_edges, list_is_sorted_and_complete, big_listing,
-                concurrent_puts_of_one_key, streaming_writes, streaming_reads,
-                batches, usage_matches_contents, model_sequence);
+                concurrent_puts_of_one_key, batches, usage_matches_contents, model_sequence);
         }
     };
-    (@cases $caps:expr, $make:expr; $($case:ident),*) => {
+    (@cases $caps:expr, $make:expr, $dyn:ty; $($case:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 let (engine, _guard) = $make.await;
-                let engine: std::sync::Arc<dyn alkblobs::backend::Backend> = std::sync::Arc::new(engine);
-                $crate::backend_cases::$case(&engine, $caps).await;
+                let engine: std::sync::Arc<$dyn> = std::sync::Arc::new(engine);
+                $crate::conformance::backend::$case(&engine, $caps).await;
             }
         )*
+    };
+}
+
+/// [`backend_suite!`] plus the large-engine cases (streaming writes and
+/// reads, ranged reads of the window only), for a [`LargeBackend`].
+#[macro_export]
+macro_rules! large_backend_suite {
+    ($engine:ident, $caps:expr, $make:expr) => {
+        mod $engine {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::backend_suite!(@cases $caps, $make, dyn $crate::backend::Backend;
+                round_trips, put_is_immutable, missing_keys, delete_semantics,
+                ranges_at_edges, list_is_sorted_and_complete, big_listing,
+                concurrent_puts_of_one_key, batches, usage_matches_contents, model_sequence);
+            $crate::backend_suite!(@cases $caps, $make, dyn $crate::backend::LargeBackend;
+                streaming_writes, streaming_reads, large_missing_keys, large_ranges_at_edges);
+        }
     };
 }
 
@@ -99,6 +122,12 @@ pub async fn missing_keys(e: &Arc<dyn Backend>, _caps: Caps) {
     assert_eq!(e.get(&k).await.unwrap(), None);
     assert_eq!(e.size(&k).await.unwrap(), None);
     assert_eq!(e.get_range(&k, 0, 10).await.unwrap(), None);
+}
+
+/// A large engine's streaming and windowed reads of a missing key are `None`.
+pub async fn large_missing_keys(e: &Arc<dyn LargeBackend>, _caps: Caps) {
+    let k = absent_key("missing");
+    assert_eq!(e.read_range(&k, 0, 10).await.unwrap(), None);
     assert!(e.open_read(&k).await.unwrap().is_none());
 }
 
@@ -117,13 +146,36 @@ pub async fn delete_semantics(e: &Arc<dyn Backend>, _caps: Caps) {
 
 /// Ranged reads are clamped at the end and refuse a start past it.
 pub async fn ranges_at_edges(e: &Arc<dyn Backend>, caps: Caps) {
-    let size = 70_000.min(caps.max_value);
-    let value = data(12, size);
-    let key = put_new(e, value.clone()).await;
-    let r = |o: u64, l: u64| {
+    let key = put_new(e, data(12, 70_000.min(caps.max_value))).await;
+    let e = e.clone();
+    check_ranges(caps, key, move |o, l| {
         let e = e.clone();
         async move { e.get_range(&key, o, l).await }
-    };
+    })
+    .await;
+}
+
+/// The same edges through a large engine's windowed read.
+pub async fn large_ranges_at_edges(e: &Arc<dyn LargeBackend>, caps: Caps) {
+    let value = data(12, 70_000.min(caps.max_value));
+    let key = Key::of(&value);
+    e.put(&key, Bytes::from(value)).await.unwrap();
+    let e = e.clone();
+    check_ranges(caps, key, move |o, l| {
+        let e = e.clone();
+        async move { e.read_range(&key, o, l).await }
+    })
+    .await;
+}
+
+async fn check_ranges<F, Fut>(caps: Caps, key: Key, r: F)
+where
+    F: Fn(u64, u64) -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Option<Bytes>>>,
+{
+    let size = 70_000.min(caps.max_value);
+    let value = data(12, size);
+    assert_eq!(Key::of(&value), key);
     assert_eq!(r(0, 0).await.unwrap().unwrap().len(), 0);
     assert_eq!(r(0, 10).await.unwrap().unwrap(), value[..10]);
     assert_eq!(r(5, 100).await.unwrap().unwrap(), value[5..105]);
@@ -206,7 +258,7 @@ pub async fn concurrent_puts_of_one_key(e: &Arc<dyn Backend>, caps: Caps) {
 }
 
 /// Streaming writes publish on commit only; abort and drop leave nothing.
-pub async fn streaming_writes(e: &Arc<dyn Backend>, caps: Caps) {
+pub async fn streaming_writes(e: &Arc<dyn LargeBackend>, caps: Caps) {
     let value = data(14, (3 << 20).min(caps.max_value));
     let key = Key::of(&value);
     let mut w = e.begin_write().await.unwrap();
@@ -236,10 +288,11 @@ pub async fn streaming_writes(e: &Arc<dyn Backend>, caps: Caps) {
 }
 
 /// Streaming reads return the exact bytes.
-pub async fn streaming_reads(e: &Arc<dyn Backend>, caps: Caps) {
+pub async fn streaming_reads(e: &Arc<dyn LargeBackend>, caps: Caps) {
     use tokio::io::AsyncReadExt;
     let value = data(16, (2 << 20).min(caps.max_value));
-    let key = put_new(e, value.clone()).await;
+    let key = Key::of(&value);
+    e.put(&key, Bytes::from(value.clone())).await.unwrap();
     let mut r = e.open_read(&key).await.unwrap().unwrap();
     let mut got = Vec::new();
     r.read_to_end(&mut got).await.unwrap();

@@ -1,9 +1,10 @@
-//! The garbage collector's own state: staged delete candidates and roots.
+//! The single-node arbiter's state: staged delete candidates and roots.
 //!
-//! A SQL engine hosts these as durable rows beside its entries (the staged
-//! table survives a crash, and a put clears a key's staged row in the same
-//! transaction as the entry). Stores without a SQL engine keep them in
-//! process with [`MemGcTables`].
+//! An embedded SQL database hosts these as durable rows beside its entries
+//! ([`super::SqliteTables`]: the staged table survives a crash, and a put
+//! clears a key's staged row in the same transaction as the entry). Stores
+//! whose preset supplies no durable tables keep them in process with
+//! [`MemGcTables`], and a sweep then waits its window out inline.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -45,6 +46,11 @@ pub trait GcTables: Send + Sync + fmt::Debug {
 
     /// Seals every unsealed row with `visible_after = visible_after_ms`.
     async fn seal(&self, visible_after_ms: i64) -> Result<u64>;
+
+    /// Moves every sealed row's `visible_after` to `visible_after_ms` if that
+    /// is earlier (a sweep given an explicit, shorter window applies it to
+    /// what is already staged). Returns how many rows moved.
+    async fn reseal(&self, visible_after_ms: i64) -> Result<u64>;
 
     /// Sealed rows due at `now_ms`, with key greater than `after`, ascending,
     /// at most `limit`.
@@ -94,11 +100,10 @@ impl MemGcTables {
 
 fn after_range<V>(map: &BTreeMap<Key, V>, after: Option<Key>) -> impl Iterator<Item = (&Key, &V)> {
     use std::ops::Bound;
-    let lower = match after {
-        Some(a) => Bound::Excluded(a),
-        None => Bound::Unbounded,
-    };
-    map.range((lower, Bound::Unbounded))
+    map.range((
+        after.map_or(Bound::Unbounded, Bound::Excluded),
+        Bound::Unbounded,
+    ))
 }
 
 #[async_trait]
@@ -145,6 +150,18 @@ impl GcTables for MemGcTables {
         Ok(n)
     }
 
+    async fn reseal(&self, visible_after_ms: i64) -> Result<u64> {
+        let mut t = self.lock();
+        let mut n = 0;
+        for r in t.staged.values_mut() {
+            if r.visible_after_ms.is_some_and(|v| v > visible_after_ms) {
+                r.visible_after_ms = Some(visible_after_ms);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     async fn due(&self, now_ms: i64, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
         let t = self.lock();
         Ok(after_range(&t.staged, after)
@@ -180,10 +197,7 @@ impl GcTables for MemGcTables {
     async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>> {
         use std::ops::Bound;
         let t = self.lock();
-        let lower = match after {
-            Some(a) => Bound::Excluded(a),
-            None => Bound::Unbounded,
-        };
+        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
         Ok(t.roots
             .range((lower, Bound::Unbounded))
             .take(limit)

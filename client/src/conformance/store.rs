@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use alkblobs::{Error, Key, PutOutcome, Store, Tier};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use tokio::io::AsyncReadExt;
 
-use crate::{absent_key, data};
+use super::{absent_key, data};
+use crate::{Error, Key, PutOutcome, Store, Tier};
 
 /// What a configuration is expected to do.
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +41,7 @@ macro_rules! store_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 let (store, _guard) = $make.await;
-                $crate::store_cases::$case(&store, $cfg).await;
+                $crate::conformance::store::$case(&store, $cfg).await;
             }
         )*
     };

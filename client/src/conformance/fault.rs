@@ -1,19 +1,25 @@
 //! A fault-injecting engine: wraps another and fails the Nth write or
 //! delete, to prove the store and the GC lose nothing when an engine fails.
+//!
+//! Every trait method is written out (`clippy::missing_trait_methods` is
+//! denied on the impls), so a method the trait gains cannot silently fall
+//! back to a default that bypasses the wrapped engine.
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use alkblobs::backend::{Backend, BlobReader, GcTables, KeyStream, StagedWrite};
-use alkblobs::{Error, Key, PutOutcome, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::backend::{Backend, BlobReader, KeyStream, LargeBackend, Sharing, StagedWrite};
+use crate::{Error, Key, PutOutcome, Result};
+
 /// Wraps an engine; see the module docs.
 #[derive(Debug)]
-pub struct FaultBackend {
-    inner: Arc<dyn Backend>,
+pub struct FaultBackend<E: ?Sized = dyn Backend> {
+    inner: Arc<E>,
+    shared: AtomicBool,
     writes: AtomicU64,
     deletes: AtomicU64,
     fail_write: AtomicU64,
@@ -21,17 +27,24 @@ pub struct FaultBackend {
     write_delay_ms: AtomicU64,
 }
 
-impl FaultBackend {
+impl<E: Backend + ?Sized> FaultBackend<E> {
     /// Wraps `inner` with no faults armed.
-    pub fn new(inner: Arc<dyn Backend>) -> FaultBackend {
+    pub fn new(inner: Arc<E>) -> FaultBackend<E> {
         FaultBackend {
             inner,
+            shared: AtomicBool::new(false),
             writes: AtomicU64::new(0),
             deletes: AtomicU64::new(0),
             fail_write: AtomicU64::new(0),
             fail_delete: AtomicU64::new(0),
             write_delay_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Makes the wrapper report [`Sharing::Shared`], like an engine other
+    /// processes can reach.
+    pub fn declare_shared(&self) {
+        self.shared.store(true, Ordering::SeqCst);
     }
 
     /// Delays every later write (put, batch, streamed commit) by `d` before
@@ -85,19 +98,20 @@ impl FaultBackend {
     }
 }
 
-impl fmt::Display for FaultBackend {
+impl<E: Backend + ?Sized> fmt::Display for FaultBackend<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "fault({})", self.inner)
     }
 }
 
-struct FaultWrite<'a> {
-    owner: &'a FaultBackend,
+struct FaultWrite<'a, E: ?Sized> {
+    owner: &'a FaultBackend<E>,
     inner: Box<dyn StagedWrite + 'a>,
 }
 
 #[async_trait]
-impl StagedWrite for FaultWrite<'_> {
+#[deny(clippy::missing_trait_methods)]
+impl<E: Backend + ?Sized> StagedWrite for FaultWrite<'_, E> {
     async fn write(&mut self, chunk: Bytes) -> Result<()> {
         self.inner.write(chunk).await
     }
@@ -118,9 +132,17 @@ impl StagedWrite for FaultWrite<'_> {
 }
 
 #[async_trait]
-impl Backend for FaultBackend {
+#[deny(clippy::missing_trait_methods)]
+impl<E: Backend + ?Sized> Backend for FaultBackend<E> {
     fn name(&self) -> &str {
         "fault"
+    }
+    fn sharing(&self) -> Sharing {
+        if self.shared.load(Ordering::SeqCst) {
+            Sharing::Shared
+        } else {
+            self.inner.sharing()
+        }
     }
     async fn has(&self, key: &Key) -> Result<bool> {
         self.inner.has(key).await
@@ -146,15 +168,6 @@ impl Backend for FaultBackend {
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.inner.get_range(key, offset, len).await
     }
-    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        self.inner.open_read(key).await
-    }
-    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
-        Ok(Box::new(FaultWrite {
-            owner: self,
-            inner: self.inner.begin_write().await?,
-        }))
-    }
     async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
         self.write_fault()?;
         self.write_delay().await;
@@ -167,7 +180,27 @@ impl Backend for FaultBackend {
     async fn usage(&self) -> Result<Option<(u64, u64)>> {
         self.inner.usage().await
     }
-    fn gc_tables(&self) -> Option<Arc<dyn GcTables>> {
-        self.inner.gc_tables()
+    async fn reclaim_abandoned(&self) -> Result<u64> {
+        self.inner.reclaim_abandoned().await
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        Ok(Box::new(FaultWrite {
+            owner: self,
+            inner: self.inner.begin_write().await?,
+        }))
+    }
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        self.inner.open_read(key).await
+    }
+    async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.inner.read_range(key, offset, len).await
     }
 }

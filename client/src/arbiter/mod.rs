@@ -1,0 +1,187 @@
+//! Who may delete what: the one seam between storage and garbage collection.
+//!
+//! Engines ([`crate::backend`]) store bytes. An [`Arbiter`] owns everything
+//! that decides whether a pool entry may be deleted: pins (taken before a
+//! put publishes, released when the [`PinGuard`] drops), the staged delete
+//! candidates and their window, persistent roots, liveness sources, and the
+//! sweep that re-arbitrates candidates at execution time. The store calls
+//! engines for bytes and the arbiter for every protection decision; it has
+//! no `if fleet` anywhere.
+//!
+//! Implementations:
+//! - [`single::SingleNodeArbiter`]: the in-process protocol (ADR-008 keeps
+//!   it for one node and for single-instance PostgreSQL): pins in a map,
+//!   staged rows durable in the embedded database when the preset provides
+//!   one, sweeps under an in-process lock.
+//! - A fleet arbiter (pin rows with a TTL renewed by a task, sweeps inside
+//!   the PostgreSQL extension) implements the same trait; a store preset
+//!   (`Store::open_fleet`, beside [`crate::Store::open_dir`]) builds it.
+//!
+//! The invariant every implementation keeps: **a visible pool entry is never
+//! deleted while liveness protects it, and an in-flight put is never
+//! deleted by a sweep that started before it committed.**
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::backend::{Backend, KeyStream, LargeBackend};
+use crate::store::Tier;
+use crate::{Key, Result};
+
+mod guard;
+pub mod liveness;
+pub mod report;
+pub mod single;
+
+pub use guard::{PinGuard, PinRelease};
+pub use liveness::{LiveCheck, LiveSet, LiveSnapshot, LivenessSource};
+pub use report::{
+    DEFAULT_WINDOW, GcAbortCause, SweepOptions, SweepPhase, SweepProgress, SweepReport,
+};
+pub use single::StagedRow;
+
+/// How far an arbiter's decisions reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Pins and sweeps are known only to this process. Sound only when no
+    /// other process writes or sweeps the pool: engines of
+    /// [`crate::backend::Sharing::Process`], or an embedder's explicit
+    /// single-instance declaration.
+    Process,
+    /// Pins and sweeps are arbitrated where every instance sharing the pool
+    /// sees them (the fleet's database).
+    Pool,
+}
+
+/// The pool an arbiter sweeps: the store's engines, with the union listing.
+#[derive(Clone, Debug)]
+pub struct Pool {
+    kv: Arc<dyn Backend>,
+    large: Option<Arc<dyn LargeBackend>>,
+}
+
+impl Pool {
+    /// A pool over a kv engine and an optional large engine.
+    pub fn new(kv: Arc<dyn Backend>, large: Option<Arc<dyn LargeBackend>>) -> Pool {
+        Pool { kv, large }
+    }
+
+    /// The kv engine.
+    pub fn kv(&self) -> &Arc<dyn Backend> {
+        &self.kv
+    }
+
+    /// The large engine, if any.
+    pub fn large(&self) -> Option<&Arc<dyn LargeBackend>> {
+        self.large.as_ref()
+    }
+
+    /// Both engines (kv first) as plain backends.
+    pub fn engines(&self) -> Vec<Arc<dyn Backend>> {
+        let mut v = vec![self.kv.clone()];
+        if let Some(l) = &self.large {
+            v.push(l.clone() as Arc<dyn Backend>);
+        }
+        v
+    }
+
+    /// Every key of both tiers, ascending, each once, streamed.
+    pub fn list(&self) -> KeyStream<'_> {
+        match &self.large {
+            Some(l) => crate::store::merge_sorted(self.kv.list(), l.list()),
+            None => self.kv.list(),
+        }
+    }
+}
+
+/// The store's pin and liveness counts for [`crate::Store::usage`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct GcUsage {
+    /// Staged delete candidates.
+    pub staged: u64,
+    /// Persistent roots.
+    pub roots: u64,
+}
+
+/// Decides who may delete what; see the module docs.
+///
+/// # Contract
+/// - **Pin before publish.** The store calls [`Arbiter::pin`] before an
+///   engine makes content visible and [`Arbiter::published`] after; from
+///   the moment `pin` returns until the guard drops, no sweep deletes the
+///   key. `pin` waits (or fails) while a delete of the key is in flight —
+///   it never returns a guard on an entry that is disappearing.
+/// - **Deletes re-arbitrate at execution.** A sweep deletes a staged
+///   candidate only after re-checking pins and liveness at that moment;
+///   an abort (a failing source, another sweeper) is report data
+///   ([`SweepReport::aborted`]), never a partial delete of protected keys.
+/// - **The window is the arbiter's.** [`Arbiter::delete_window`] is the one
+///   the store, the CLI and any operator tool apply.
+/// - **Scope is declared** ([`Arbiter::scope`]); the store builder refuses an
+///   in-process arbiter over engines other processes can reach.
+#[async_trait]
+pub trait Arbiter: Send + Sync + fmt::Debug {
+    /// A short name for reports and errors, e.g. `"single-node"`.
+    fn name(&self) -> &str;
+
+    /// How far its pins and sweeps reach.
+    fn scope(&self) -> Scope;
+
+    /// Pins `keys` before their content is published. Waits while any of
+    /// them is being deleted.
+    async fn pin(&self, keys: &[Key]) -> Result<PinGuard>;
+
+    /// Pins an existing key: [`crate::Error::NotFound`] if the pool does not
+    /// hold it (or it was collected before the pin took).
+    async fn pin_existing(&self, pool: &Pool, key: &Key) -> Result<PinGuard>;
+
+    /// Called after an engine of `tier` published `keys` (new or already
+    /// present): a put restarts each key's delete window.
+    async fn published(&self, tier: Tier, keys: &[Key]) -> Result<()>;
+
+    /// How many pins this store instance holds on `key`.
+    fn pin_count(&self, key: &Key) -> u32;
+
+    /// Runs one sweep of `pool`.
+    async fn sweep(&self, pool: &Pool, opts: SweepOptions) -> Result<SweepReport>;
+
+    /// Staged candidates with key after `after`, ascending, at most `limit`.
+    async fn staged(&self, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>>;
+
+    /// Whether staged candidates survive a restart.
+    fn staged_durable(&self) -> bool;
+
+    /// The pool's delete window.
+    fn delete_window(&self) -> Duration;
+
+    /// Adds persistent roots. Returns how many were new.
+    async fn add_roots(&self, keys: &[Key]) -> Result<u64>;
+
+    /// Removes persistent roots. Returns how many were present.
+    async fn remove_roots(&self, keys: &[Key]) -> Result<u64>;
+
+    /// Roots with key after `after`, ascending, at most `limit`.
+    async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>>;
+
+    /// Staged and root counts.
+    async fn usage(&self) -> Result<GcUsage>;
+
+    /// Registers (or replaces) a named liveness source. An arbiter that
+    /// cannot consult a callback (a fleet) refuses with
+    /// [`crate::Error::Config`].
+    fn register_liveness(&self, name: &str, source: Arc<dyn LivenessSource>) -> Result<()>;
+
+    /// Removes a liveness source; true if it was registered.
+    fn unregister_liveness(&self, name: &str) -> bool;
+
+    /// The registered liveness sources' names.
+    fn liveness_sources(&self) -> Vec<String>;
+
+    /// Stops background work (renewal tasks) and releases resources.
+    async fn close(&self) -> Result<()>;
+}

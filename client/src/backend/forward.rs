@@ -1,0 +1,82 @@
+//! `Arc<T>` and `Box<T>` of an engine are engines: the store, wrappers and
+//! tests can share one engine value without paired `kv`/`kv_arc` methods.
+//!
+//! Every method forwards, including the provided ones, so an engine's own
+//! override is never replaced by the trait default behind a pointer;
+//! `clippy::missing_trait_methods` keeps it that way when the trait grows.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use super::{Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite};
+use crate::{Key, Result};
+
+macro_rules! forward_backend {
+    ($ptr:ident) => {
+        #[async_trait]
+        #[deny(clippy::missing_trait_methods)]
+        impl<T: Backend + ?Sized> Backend for $ptr<T> {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn sharing(&self) -> Sharing {
+                (**self).sharing()
+            }
+            async fn has(&self, key: &Key) -> Result<bool> {
+                (**self).has(key).await
+            }
+            async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+                (**self).get(key).await
+            }
+            async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
+                (**self).put(key, value).await
+            }
+            async fn delete(&self, key: &Key) -> Result<Option<u64>> {
+                (**self).delete(key).await
+            }
+            fn list(&self) -> KeyStream<'_> {
+                (**self).list()
+            }
+            async fn size(&self, key: &Key) -> Result<Option<u64>> {
+                (**self).size(key).await
+            }
+            async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+                (**self).get_range(key, offset, len).await
+            }
+            async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
+                (**self).put_many(items).await
+            }
+            async fn delete_many(&self, keys: &[Key]) -> Result<Vec<Option<u64>>> {
+                (**self).delete_many(keys).await
+            }
+            async fn usage(&self) -> Result<Option<(u64, u64)>> {
+                (**self).usage().await
+            }
+            async fn reclaim_abandoned(&self) -> Result<u64> {
+                (**self).reclaim_abandoned().await
+            }
+            async fn close(&self) -> Result<()> {
+                (**self).close().await
+            }
+        }
+
+        #[async_trait]
+        #[deny(clippy::missing_trait_methods)]
+        impl<T: LargeBackend + ?Sized> LargeBackend for $ptr<T> {
+            async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+                (**self).begin_write().await
+            }
+            async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+                (**self).open_read(key).await
+            }
+            async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+                (**self).read_range(key, offset, len).await
+            }
+        }
+    };
+}
+
+forward_backend!(Arc);
+forward_backend!(Box);

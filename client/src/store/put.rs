@@ -1,0 +1,272 @@
+//! Every put path: whole buffers, verified puts, batches, streams and files.
+//! Each pins its key through the arbiter *before* an engine publishes the
+//! content, and tells the arbiter after (a put restarts the key's window).
+
+use std::path::Path;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tracing::Instrument;
+
+use super::{CHUNK, Put, PutInfo, PutMany, Store, Tier};
+use crate::backend::{PutOutcome, StagedWrite};
+use crate::{Error, Key, Result};
+
+/// Above this size, hashing a buffer moves off the async worker threads.
+const HASH_INLINE_MAX: usize = 256 * 1024;
+
+/// Hashes a buffer, off the async workers when it is big.
+pub(crate) async fn hash(bytes: &Bytes) -> Key {
+    if bytes.len() <= HASH_INLINE_MAX {
+        return Key::of(bytes);
+    }
+    let b = bytes.clone();
+    match tokio::task::spawn_blocking(move || Key::of(&b)).await {
+        Ok(k) => k,
+        Err(_) => Key::of(bytes),
+    }
+}
+
+impl Store {
+    async fn put_keyed(&self, key: Key, bytes: Bytes) -> Result<Put> {
+        let size = bytes.len() as u64;
+        let tier = self.tier_checked(size)?;
+        // Pin before publish: from here on no sweep can delete the key.
+        let pin = self.inner.arbiter.pin(&[key]).await?;
+        let outcome = match tier {
+            Tier::Kv => self.inner.pool.kv().put(&key, bytes).await?,
+            Tier::Large => self.large_engine()?.put(&key, bytes).await?,
+        };
+        self.inner.arbiter.published(tier, &[key]).await?;
+        tracing::debug!(%key, size, %tier, ?outcome, "put");
+        Ok(Put {
+            key,
+            size,
+            tier,
+            outcome,
+            pin,
+        })
+    }
+
+    /// Stores `bytes`, returning its key and a pin on it.
+    pub async fn put(&self, bytes: impl Into<Bytes>) -> Result<Put> {
+        let bytes = bytes.into();
+        let span = tracing::debug_span!("put", size = bytes.len());
+        async {
+            if self.tier_checked(bytes.len() as u64)? == Tier::Large {
+                return self.put_large(bytes).await;
+            }
+            let key = hash(&bytes).await;
+            self.put_keyed(key, bytes).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// A large blob: hash on a second thread while the bytes stream to the
+    /// engine's staging area, then pin, then publish. Hashing hides behind
+    /// the write instead of preceding it; a dedup hit is discarded at commit
+    /// before any fsync.
+    async fn put_large(&self, bytes: Bytes) -> Result<Put> {
+        let size = bytes.len() as u64;
+        let mut writer = self.large_engine()?.begin_write().await?;
+        let b = bytes.clone();
+        let hashing = tokio::task::spawn_blocking(move || Key::of(&b));
+        if let Err(e) = writer.write(bytes.clone()).await {
+            let _ = writer.abort().await;
+            return Err(e);
+        }
+        let key = match hashing.await {
+            Ok(k) => k,
+            Err(_) => Key::of(&bytes),
+        };
+        self.publish_staged(writer, key, size).await
+    }
+
+    /// The end of every large-tier put: pin before publish, commit the
+    /// staged bytes, restart the key's window.
+    async fn publish_staged(
+        &self,
+        writer: Box<dyn StagedWrite + '_>,
+        key: Key,
+        size: u64,
+    ) -> Result<Put> {
+        let pin = self.inner.arbiter.pin(&[key]).await?;
+        let outcome = writer.commit(&key).await?;
+        self.inner.arbiter.published(Tier::Large, &[key]).await?;
+        tracing::debug!(%key, size, ?outcome, "large put");
+        Ok(Put {
+            key,
+            size,
+            tier: Tier::Large,
+            outcome,
+            pin,
+        })
+    }
+
+    /// Stores `bytes` only if they hash to `key` (the ops surface for
+    /// content fetched from another node). A mismatch stores nothing.
+    pub async fn put_verified(&self, key: &Key, bytes: impl Into<Bytes>) -> Result<Put> {
+        let bytes = bytes.into();
+        let span = tracing::debug_span!("put_verified", %key, size = bytes.len());
+        async {
+            let actual = hash(&bytes).await;
+            if actual != *key {
+                return Err(Error::HashMismatch {
+                    expected: *key,
+                    actual,
+                });
+            }
+            self.put_keyed(actual, bytes).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Stores many small blobs: the kv ones in one transaction. Blobs over
+    /// the threshold go to the large tier one by one. In kv-only mode an
+    /// oversized blob refuses the whole batch before anything is written.
+    pub async fn put_many<I, B>(&self, blobs: I) -> Result<PutMany>
+    where
+        I: IntoIterator<Item = B>,
+        B: Into<Bytes>,
+    {
+        let blobs: Vec<Bytes> = blobs.into_iter().map(Into::into).collect();
+        let span = tracing::debug_span!("put_many", count = blobs.len());
+        async {
+            let mut entries = Vec::with_capacity(blobs.len());
+            for b in &blobs {
+                let size = b.len() as u64;
+                entries.push(PutInfo {
+                    key: hash(b).await,
+                    size,
+                    tier: self.tier_checked(size)?,
+                    outcome: PutOutcome::Created,
+                });
+            }
+            let keys: Vec<Key> = entries.iter().map(|e| e.key).collect();
+            let pin = self.inner.arbiter.pin(&keys).await?;
+            let kv_items: Vec<(Key, Bytes)> = entries
+                .iter()
+                .zip(&blobs)
+                .filter(|(e, _)| e.tier == Tier::Kv)
+                .map(|(e, b)| (e.key, b.clone()))
+                .collect();
+            let kv = self.inner.pool.kv();
+            let mut kv_outcomes = kv.put_many(&kv_items).await?.into_iter();
+            let mut large_keys = Vec::new();
+            for (e, b) in entries.iter_mut().zip(&blobs) {
+                e.outcome = match e.tier {
+                    Tier::Kv => kv_outcomes
+                        .next()
+                        .ok_or_else(|| Error::engine(kv, "put_many returned too few outcomes"))?,
+                    Tier::Large => {
+                        large_keys.push(e.key);
+                        self.large_engine()?.put(&e.key, b.clone()).await?
+                    }
+                };
+            }
+            let kv_keys: Vec<Key> = kv_items.iter().map(|(k, _)| *k).collect();
+            self.inner.arbiter.published(Tier::Kv, &kv_keys).await?;
+            if !large_keys.is_empty() {
+                self.inner
+                    .arbiter
+                    .published(Tier::Large, &large_keys)
+                    .await?;
+            }
+            Ok(PutMany { entries, pin })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Stores a stream, hashing while it is written: memory stays bounded
+    /// (the threshold plus one chunk) whatever the stream's length.
+    pub async fn put_reader<R: AsyncRead + Unpin + Send>(&self, mut reader: R) -> Result<Put> {
+        let span = tracing::debug_span!("put_reader");
+        async move {
+            let input = |source| Error::Input {
+                what: "the input stream".into(),
+                source,
+            };
+            // Read up to threshold + 1 bytes: enough to choose the tier.
+            let limit = self.inner.threshold as usize + 1;
+            let mut head = BytesMut::with_capacity(limit.min(CHUNK));
+            while head.len() < limit {
+                let want = (limit - head.len()).min(CHUNK);
+                head.reserve(want);
+                let n = (&mut reader)
+                    .take(want as u64)
+                    .read_buf(&mut head)
+                    .await
+                    .map_err(input)?;
+                if n == 0 {
+                    break;
+                }
+            }
+            if head.len() < limit {
+                return self.put(head.freeze()).await;
+            }
+            let Some(large) = self.inner.pool.large() else {
+                return Err(Error::TooLarge {
+                    size: head.len() as u64,
+                    threshold: self.inner.threshold,
+                });
+            };
+            let mut writer = large.begin_write().await?;
+            let mut hasher = blake3::Hasher::new();
+            let mut chunk = head.freeze();
+            let streamed: Result<()> = async {
+                loop {
+                    hasher.update(&chunk);
+                    writer.write(chunk).await?;
+                    let mut buf = BytesMut::with_capacity(CHUNK);
+                    while buf.len() < CHUNK {
+                        let n = (&mut reader)
+                            .take((CHUNK - buf.len()) as u64)
+                            .read_buf(&mut buf)
+                            .await
+                            .map_err(input)?;
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                    if buf.is_empty() {
+                        return Ok(());
+                    }
+                    chunk = buf.freeze();
+                }
+            }
+            .await;
+            if let Err(e) = streamed {
+                let _ = writer.abort().await;
+                return Err(e);
+            }
+            let key = Key::from_hash(hasher.finalize());
+            let size = writer.written();
+            self.publish_staged(writer, key, size).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Stores a file's content, streamed (see [`Store::put_reader`]).
+    pub async fn put_file(&self, path: impl AsRef<Path>) -> Result<Put> {
+        let path = path.as_ref();
+        let file = tokio::fs::File::open(path)
+            .await
+            .map_err(|source| Error::Input {
+                what: path.display().to_string(),
+                source,
+            })?;
+        self.put_reader(tokio::io::BufReader::with_capacity(CHUNK, file))
+            .await
+            .map_err(|e| match e {
+                Error::Input { source, .. } => Error::Input {
+                    what: path.display().to_string(),
+                    source,
+                },
+                other => other,
+            })
+    }
+}

@@ -1,0 +1,135 @@
+//! The arbiter conformance suite over every store configuration, and the
+//! builder's refusal to sweep a shared engine with an in-process arbiter.
+
+use std::sync::Arc;
+
+use alkblobs::backend::local::{LocalBackend, LocalOptions};
+use alkblobs::backend::mem::MemBackend;
+use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
+use alkblobs::conformance::fault::FaultBackend;
+use alkblobs::{Durability, ErrorKind, Store, arbiter_suite};
+
+async fn sqlite(dir: &std::path::Path) -> SqliteBackend {
+    let opts = SqliteOptions {
+        durability: Durability::Relaxed,
+        ..SqliteOptions::default()
+    };
+    SqliteBackend::open(dir.join("index.sqlite"), opts)
+        .await
+        .unwrap()
+}
+
+async fn local(dir: &std::path::Path) -> LocalBackend {
+    let opts = LocalOptions {
+        durability: Durability::Relaxed,
+        ..LocalOptions::default()
+    };
+    LocalBackend::open(dir.join("large"), opts).await.unwrap()
+}
+
+arbiter_suite!(mem_mem, async {
+    let s = Store::builder()
+        .kv(MemBackend::new())
+        .large(MemBackend::new())
+        .threshold(1024)
+        .build()
+        .unwrap();
+    (s, ())
+});
+
+arbiter_suite!(mem_local, async {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::builder()
+        .kv(MemBackend::new())
+        .large(local(dir.path()).await)
+        .threshold(1024)
+        .build()
+        .unwrap();
+    (s, dir)
+});
+
+arbiter_suite!(sqlite_local, async {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::builder()
+        .sqlite(sqlite(dir.path()).await)
+        .large(local(dir.path()).await)
+        .threshold(1024)
+        .build()
+        .unwrap();
+    (s, dir)
+});
+
+arbiter_suite!(sqlite_kv_only, async {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::builder()
+        .sqlite(sqlite(dir.path()).await)
+        .kv_only()
+        .build()
+        .unwrap();
+    (s, dir)
+});
+
+arbiter_suite!(open_dir, async {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open_dir_with(dir.path(), alkblobs::DirOptions::new().relaxed())
+        .await
+        .unwrap();
+    (s, dir)
+});
+
+arbiter_suite!(faulty_wrapped, async {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = FaultBackend::new(Arc::new(sqlite(dir.path()).await));
+    let large = FaultBackend::new(Arc::new(local(dir.path()).await));
+    let s = Store::builder()
+        .kv(kv)
+        .large(large)
+        .threshold(1024)
+        .build()
+        .unwrap();
+    (s, dir)
+});
+
+/// A kv engine other instances can reach, swept by the in-process arbiter,
+/// is the fleet data-loss shape (ADR-008 §2): the builder refuses it, naming
+/// the rule, unless the embedder declares a single-instance topology.
+#[tokio::test]
+async fn a_shared_engine_cannot_be_swept_by_an_in_process_arbiter() {
+    let kv = FaultBackend::new(Arc::new(MemBackend::new()));
+    kv.declare_shared();
+    let kv = Arc::new(kv);
+    let err = Store::builder()
+        .kv(kv.clone())
+        .kv_only()
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    let msg = err.to_string();
+    assert!(
+        msg.contains("shared with other instances") && msg.contains("single_instance"),
+        "{msg}"
+    );
+
+    // A shared large engine is refused the same way.
+    let large = FaultBackend::new(Arc::new(MemBackend::new()));
+    large.declare_shared();
+    let err = Store::builder()
+        .kv(MemBackend::new())
+        .large(large)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+
+    // Declared single-instance (REQ-3), it builds and sweeps.
+    let store = Store::builder()
+        .kv(kv)
+        .kv_only()
+        .single_instance()
+        .build()
+        .unwrap();
+    let report = store
+        .sweep(alkblobs::SweepOptions::new().window(std::time::Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(report.aborted, None);
+}
