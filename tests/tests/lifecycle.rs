@@ -1,0 +1,120 @@
+//! Closing a store, and the error classes a caller branches on.
+
+use alkblobs::{DirOptions, Error, ErrorKind, Store, sqlstate_kind};
+use alkblobs_tests::data;
+
+fn wal_files(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with("-wal") || n.ends_with("-shm"))
+        .collect()
+}
+
+/// `close` checkpoints and removes the WAL, and later calls fail with an
+/// error (no panic, nothing lost: reopening finds every blob).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_checkpoints_and_removes_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_dir_with(dir.path(), DirOptions::new().relaxed())
+        .await
+        .unwrap();
+    let mut keys = Vec::new();
+    for i in 0..200 {
+        keys.push(store.put(data(i, 4096)).await.unwrap().key);
+    }
+    assert!(
+        !wal_files(dir.path()).is_empty(),
+        "a WAL exists while the store is open"
+    );
+    store.close().await.unwrap();
+    assert_eq!(wal_files(dir.path()), Vec::<String>::new());
+    assert!(store.put(data(999, 10)).await.is_err());
+    assert!(store.get(&keys[0]).await.is_err());
+    drop(store);
+
+    let again = Store::open_dir(dir.path()).await.unwrap();
+    for k in &keys {
+        assert!(again.has(k).await.unwrap(), "a blob was lost by close");
+    }
+}
+
+/// Dropping the last handle without `close` leaves no WAL either: the
+/// readers close before the writer, so the writer's close checkpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_handle_removes_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_dir_with(dir.path(), DirOptions::new().relaxed())
+        .await
+        .unwrap();
+    let mut keys = Vec::new();
+    for i in 0..200 {
+        keys.push(store.put(data(i, 4096)).await.unwrap().key);
+    }
+    // Reads put connections into the reader pool.
+    for k in &keys {
+        assert!(store.get(k).await.unwrap().is_some());
+    }
+    let clone = store.clone();
+    drop(store);
+    assert!(!wal_files(dir.path()).is_empty(), "a clone keeps it open");
+    drop(clone);
+    assert_eq!(wal_files(dir.path()), Vec::<String>::new());
+}
+
+/// Every error says its class, and only conflicts and lost connections are
+/// retryable.
+#[tokio::test]
+async fn errors_classify() {
+    let store = Store::builder()
+        .kv(alkblobs::backend::mem::MemBackend::new())
+        .kv_only()
+        .threshold(10)
+        .build()
+        .unwrap();
+    let too_large = store.put(vec![0u8; 11]).await.unwrap_err();
+    assert_eq!(too_large.kind(), ErrorKind::TooLarge);
+    let missing = store
+        .pin(&alkblobs_tests::absent_key("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound);
+    let bad: alkblobs::Result<alkblobs::Key> = "zz".parse::<alkblobs::Key>().map_err(Error::from);
+    assert_eq!(bad.unwrap_err().kind(), ErrorKind::InvalidInput);
+    let k = alkblobs::Key::of(b"a");
+    let mismatch = store.put_verified(&k, b"b".to_vec()).await.unwrap_err();
+    assert_eq!(mismatch.kind(), ErrorKind::Corrupt);
+    for e in [&too_large, &missing, &mismatch] {
+        assert!(!e.is_retryable(), "{e}");
+    }
+
+    // The one SQLSTATE mapping.
+    for (code, kind) in [
+        ("40001", ErrorKind::Conflict),
+        ("40P01", ErrorKind::Conflict),
+        ("08006", ErrorKind::Unavailable),
+        ("57P01", ErrorKind::Unavailable),
+        ("AB002", ErrorKind::Collected),
+        ("42501", ErrorKind::Config),
+        ("22004", ErrorKind::InvalidInput),
+        ("XX000", ErrorKind::Engine),
+    ] {
+        assert_eq!(sqlstate_kind(code), kind, "{code}");
+    }
+    let conflict = Error::from_sqlstate("postgres(db)", "40P01", "deadlock detected");
+    assert_eq!(conflict.kind(), ErrorKind::Conflict);
+    assert!(conflict.is_retryable());
+    let lost = Error::from_sqlstate("postgres(db)", "08006", "connection lost");
+    assert!(lost.is_retryable());
+    let other = Error::from_sqlstate("postgres(db)", "XX000", "internal");
+    assert_eq!(other.kind(), ErrorKind::Engine);
+    assert!(!other.is_retryable());
+    assert!(other.to_string().starts_with("postgres(db)"), "{other}");
+    // Library messages carry no CLI vocabulary.
+    let in_use = Error::InUse {
+        resource: "/x/index.lock".into(),
+        holder: "pid 1".into(),
+    };
+    assert!(!in_use.to_string().contains("--"), "{in_use}");
+}
