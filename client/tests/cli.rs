@@ -109,8 +109,11 @@ fn bad_input_gets_one_line_errors_and_meaningful_codes() {
     assert!(!stderr(&o).contains("panicked"));
 
     assert_eq!(code(&run(d, &["frobnicate"])), 2, "clap usage errors");
-    // Pinning an absent key is refused.
-    assert_eq!(code(&run(d, &["pin", &missing])), 3);
+    // The retired `pin` command (it wrote a persistent root and refused
+    // absent keys) is gone; its replacement, `roots add`, takes keys that do
+    // not exist yet, so `stat` still says the key is absent.
+    ok(d, &["roots", "add", &missing]);
+    assert_eq!(code(&run(d, &["stat", &missing])), 3);
 }
 
 #[test]
@@ -192,8 +195,7 @@ fn gc_collects_unrooted_content_and_keeps_roots() {
         staged.contains(&kb) && staged.contains(&kc) && staged.contains("due in"),
         "{staged}"
     );
-    let status: serde_json::Value =
-        serde_json::from_str(&ok(d, &["gc", "--status", "--json"])).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&ok(d, &["staged", "--json"])).unwrap();
     assert_eq!(status.as_array().unwrap().len(), 2);
 
     // Window zero collects in one run; the extra roots file protects c.
@@ -213,11 +215,11 @@ fn gc_collects_unrooted_content_and_keeps_roots() {
     // b was staged an hour out and is not due; c is protected by the file.
     assert_eq!(report["deleted"], 0, "{report}");
     ok(d, &["roots", "rm", &ka]);
-    // Roots can be managed directly, and `pin` refuses absent keys.
+    // Roots can be managed directly.
     ok(d, &["roots", "add", &kb]);
     assert_eq!(ok(d, &["roots", "ls"]).trim(), kb);
     ok(d, &["roots", "rm", &kb]);
-    ok(d, &["pin", &ka]);
+    ok(d, &["roots", "add", &ka]);
     assert_eq!(ok(d, &["roots", "ls"]).trim(), ka);
 
     let bad = run(d, &["gc", "--roots", "a"]);
@@ -252,4 +254,77 @@ fn a_second_writer_is_told_who_holds_the_store() {
     assert_eq!(ok(d, &["ls"]).lines().count(), 1);
     drop(store);
     ok(d, &["put", "a"]);
+}
+
+/// The exit-code table, one line per code, as `--help` prints it after the
+/// commands; the README carries the same lines.
+fn help_exit_codes() -> Vec<String> {
+    let help = ok(Path::new("."), &["--help"]);
+    let table: Vec<String> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Exit codes:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_owned())
+        .collect();
+    table
+}
+
+#[test]
+fn help_and_readme_document_every_exit_code_once() {
+    let table = help_exit_codes();
+    assert_eq!(table.len(), 7, "one line per code 0..=6: {table:?}");
+    for (n, line) in table.iter().enumerate() {
+        assert!(line.starts_with(&format!("{n}  ")), "{line}");
+    }
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    for line in &table {
+        assert!(
+            readme.lines().any(|r| r.trim() == line),
+            "README lacks the exit-code line {line:?}"
+        );
+    }
+}
+
+#[test]
+fn keys_are_parsed_before_anything_runs_and_the_error_names_the_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let good = "0".repeat(64);
+    let bad = "z".repeat(64);
+    for args in [
+        vec!["roots", "add", good.as_str(), bad.as_str()],
+        vec!["roots", "rm", bad.as_str()],
+        vec!["stat", bad.as_str()],
+        vec!["get", bad.as_str(), "-o", "out.bin"],
+    ] {
+        let o = run(d, &args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("alkblobs: error: invalid key"), "{err}");
+        assert!(err.contains(&bad), "{args:?}: names the bad value: {err}");
+    }
+    assert!(
+        !d.join("data").exists(),
+        "a refused command creates no store"
+    );
+}
+
+#[test]
+fn gc_status_and_pin_are_gone_staged_and_roots_replace_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("a"), "alpha").unwrap();
+    let ka = ok(d, &["put", "a"]).trim().to_owned();
+    // `staged` is the one place for staged candidates.
+    assert_eq!(code(&run(d, &["gc", "--status"])), 2);
+    // A persistent root is `roots add`; *pin* is kept for pins.
+    let o = run(d, &["pin", &ka]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert_eq!(ok(d, &["roots", "ls"]).trim(), "", "nothing was rooted");
+    ok(d, &["roots", "add", &ka]);
+    assert_eq!(ok(d, &["roots", "ls"]).trim(), ka);
 }
