@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use alkblobs::Store;
+
 const BIN: &str = env!("CARGO_BIN_EXE_alkblobs");
 
 fn run(dir: &Path, args: &[&str]) -> Output {
@@ -97,6 +99,10 @@ fn bad_input_gets_one_line_errors_and_meaningful_codes() {
         stderr(&o)
     );
 
+    // A store that lacks the key (a path with no store at all is its own
+    // error, tested below).
+    std::fs::write(d.join("present"), "present").unwrap();
+    ok(d, &["put", "present"]);
     let missing = "0".repeat(64);
     let o = run(d, &["get", &missing]);
     assert_eq!(code(&o), 3);
@@ -327,4 +333,52 @@ fn gc_status_and_pin_are_gone_staged_and_roots_replace_them() {
     assert_eq!(ok(d, &["roots", "ls"]).trim(), "", "nothing was rooted");
     ok(d, &["roots", "add", &ka]);
     assert_eq!(ok(d, &["roots", "ls"]).trim(), ka);
+}
+
+#[test]
+fn reads_of_a_path_with_no_store_say_so_and_create_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let key = "0".repeat(64);
+    let data = d.join("data");
+    // A missing directory, then an existing directory that holds no store.
+    for make_dir in [false, true] {
+        if make_dir {
+            std::fs::create_dir(&data).unwrap();
+        }
+        for args in [
+            vec!["ls"],
+            vec!["ls", "--long", "--json"],
+            vec!["verify"],
+            vec!["usage"],
+            vec!["staged"],
+            vec!["gc", "--window", "0s"],
+            vec!["gc", "--dry-run"],
+            vec!["roots", "ls"],
+            vec!["roots", "rm", key.as_str()],
+            vec!["stat", key.as_str()],
+            vec!["get", key.as_str()],
+            vec!["get", key.as_str(), "-o", "out.bin"],
+        ] {
+            let o = run(d, &args);
+            let err = stderr(&o);
+            assert_eq!(code(&o), 3, "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("no store at {}", data.display())),
+                "{args:?}: {err}"
+            );
+            assert_eq!(stdout(&o), "", "{args:?}");
+            assert!(
+                !Store::dir_paths(&data).0.exists(),
+                "{args:?} created a store"
+            );
+            assert!(!d.join("out.bin").exists());
+        }
+    }
+    // Writers create one: `roots add`, then `put`.
+    ok(d, &["roots", "add", &key]);
+    assert!(Store::dir_paths(&data).0.exists());
+    assert_eq!(ok(d, &["roots", "ls"]).trim(), key);
+    assert_eq!(ok(d, &["ls"]), "");
 }

@@ -4,11 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use alkblobs::backend::mem::MemBackend;
 use alkblobs::{DirOptions, OpenMode, Store};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::exit::Res;
+use crate::exit::{Exit, Fail, Res};
 
 /// The global options, resolved.
 pub struct Ctx {
@@ -34,22 +33,33 @@ impl Ctx {
         Ok(Store::open_dir_with(&self.dir, DirOptions::new().mode(mode)).await?)
     }
 
-    /// Opens the store for writing (`gc`, `roots rm`).
+    /// Opens an existing store for writing (`gc`, `roots rm`): a command
+    /// that only changes what is there never creates a store.
     pub async fn open_write(&self) -> Res<Store> {
+        self.require_store()?;
         self.create().await
     }
 
-    /// Read commands take no lock; a data directory with no store yet reads
-    /// as an empty store.
+    /// Opens an existing store read-only, taking no lock.
     pub async fn open_read(&self) -> Res<Store> {
-        let (sqlite, _) = Store::dir_paths(&self.dir);
-        if !sqlite.exists() {
-            return Ok(Store::builder()
-                .kv(MemBackend::new())
-                .large(MemBackend::new())
-                .build()?);
-        }
+        self.require_store()?;
         Ok(Store::open_dir_with(&self.dir, DirOptions::new().read_only()).await?)
+    }
+
+    /// A store exists iff its sqlite index does. Reading a mistyped
+    /// `--data-dir` as an empty store would make `verify` and `ls` succeed
+    /// on nothing.
+    fn require_store(&self) -> Res {
+        if Store::dir_paths(&self.dir).0.exists() {
+            return Ok(());
+        }
+        Err(Fail::new(
+            Exit::NotFound,
+            format!(
+                "no store at {} (check --data-dir / ALKBLOBS_DATA_DIR; `alkblobs put` creates one)",
+                self.dir.display()
+            ),
+        ))
     }
 
     /// A progress bar on stderr, hidden unless progress is wanted.
