@@ -382,3 +382,75 @@ fn reads_of_a_path_with_no_store_say_so_and_create_nothing() {
     assert_eq!(ok(d, &["roots", "ls"]).trim(), key);
     assert_eq!(ok(d, &["ls"]), "");
 }
+
+/// Everything in `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn get_to_a_file_uses_a_unique_temp_name_and_ordinary_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("small.txt"), b"hello alkblobs\n").unwrap();
+    let small = ok(d, &["put", "small.txt"]).trim().to_owned();
+    let out = d.join("out");
+    std::fs::create_dir(&out).unwrap();
+
+    // A file the user owns that happens to carry the old fixed temp name is
+    // neither clobbered nor moved: temp names are unique.
+    let theirs = out.join(format!(".{small}.alkblobs-tmp"));
+    std::fs::write(&theirs, "mine").unwrap();
+    ok(d, &["get", &small, "-o", "out/copy.txt"]);
+    assert_eq!(
+        std::fs::read(out.join("copy.txt")).unwrap(),
+        b"hello alkblobs\n"
+    );
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "mine");
+    // The output gets ordinary permissions (the umask's), not a temp file's 0600.
+    let plain = out.join("plain");
+    std::fs::write(&plain, "x").unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&out.join("copy.txt")), mode(&plain));
+}
+
+#[test]
+fn get_to_a_file_leaves_no_temp_file_on_any_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("small.txt"), b"hello alkblobs\n").unwrap();
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    let small = ok(d, &["put", "small.txt"]).trim().to_owned();
+    let large = ok(d, &["put", "big.bin"]).trim().to_owned();
+    let out = d.join("out");
+    std::fs::create_dir(&out).unwrap();
+    let before = entries(&out);
+
+    // The rename fails: the target is a directory.
+    std::fs::create_dir(out.join("a-directory")).unwrap();
+    let o = run(d, &["get", &small, "-o", "out/a-directory"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("a-directory"), "{}", stderr(&o));
+    std::fs::remove_dir(out.join("a-directory")).unwrap();
+    assert_eq!(
+        entries(&out),
+        before,
+        "the rename failure left a file behind"
+    );
+
+    // The content is corrupt: nothing is written, nothing is left.
+    let path = d.join("data/large/blobs").join(&large[0..2]).join(&large);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[1000] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let o = run(d, &["get", &large, "-o", "out/big.bin"]);
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert_eq!(entries(&out), before, "the corrupt read left a file behind");
+}

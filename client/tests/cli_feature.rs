@@ -5,7 +5,13 @@ use std::process::Command;
 
 /// Crates only the binary needs (`humantime` is not one: the library's
 /// lock file uses it too).
-const CLI_ONLY: &[&str] = &["clap", "indicatif", "dirs", "tracing-subscriber"];
+const CLI_ONLY: &[&str] = &[
+    "clap",
+    "indicatif",
+    "dirs",
+    "tracing-subscriber",
+    "tempfile",
+];
 
 fn normal_deps(features: &[&str]) -> Vec<String> {
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");

@@ -1,5 +1,6 @@
 //! `get`: a blob to stdout or, atomically, to a file.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use alkblobs::{Error, Key};
@@ -33,29 +34,46 @@ pub async fn get(ctx: &Ctx, key: Key, output: Option<&Path>) -> Res {
             .await
             .map_err(|e| Fail::new(Exit::Failure, format!("writing stdout: {e}")));
     };
+
+    // A temp file of a unique name beside the target, renamed over it only
+    // once the content verified and is synced. `TempPath` removes the file
+    // when dropped, so every early return below leaves nothing behind.
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.alkblobs-tmp", key));
-    let mut f = tokio::fs::File::create(&tmp).await.map_err(|e| {
+    let prefix = format!(
+        ".{}.",
+        path.file_name()
+            .map_or_else(|| key.to_string(), |n| n.to_string_lossy().into_owned())
+    );
+    let (file, tmp) = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".alkblobs-tmp")
+        // The umask's permissions, as a plain create would give, not 0600.
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| {
+            Fail::new(
+                Exit::Failure,
+                format!("cannot create a temporary file in {}: {e}", dir.display()),
+            )
+        })?
+        .into_parts();
+    let mut file = tokio::fs::File::from_std(file);
+    tokio::io::copy(&mut reader, &mut file)
+        .await
+        .map_err(read_fail)?;
+    file.sync_all()
+        .await
+        .map_err(|e| Fail::new(Exit::Failure, format!("syncing {}: {e}", tmp.display())))?;
+    drop(file);
+    tmp.persist(path).map_err(|e| {
+        // `e.path` drops here and removes the temp file.
         Fail::new(
             Exit::Failure,
-            format!("cannot create {}: {e}", tmp.display()),
+            format!("cannot write {}: {}", path.display(), e.error),
         )
     })?;
-    let copied = tokio::io::copy(&mut reader, &mut f).await;
-    if let Err(e) = copied {
-        let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(read_fail(e));
-    }
-    f.sync_all()
-        .await
-        .map_err(|e| Fail::new(Exit::Failure, e.to_string()))?;
-    tokio::fs::rename(&tmp, path).await.map_err(|e| {
-        Fail::new(
-            Exit::Failure,
-            format!("cannot write {}: {e}", path.display()),
-        )
-    })
+    Ok(())
 }
