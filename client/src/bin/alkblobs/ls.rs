@@ -1,47 +1,24 @@
-//! `ls`: every key, optionally with size and tier.
-
-use std::io::Write;
+//! `ls`: every key, optionally with size and tier, streamed.
 
 use futures::TryStreamExt;
 
 use crate::ctx::Ctx;
-use crate::exit::{Exit, Fail, Res};
+use crate::exit::Res;
+use crate::output::list;
 
 pub async fn ls(ctx: &Ctx, long: bool) -> Res {
     let store = ctx.open_read().await?;
-    let mut keys = store.list();
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let io = |e: std::io::Error| Fail::new(Exit::Failure, e.to_string());
-    if ctx.json {
-        write!(out, "[").map_err(io)?;
+    if !long {
+        return list(ctx.json, store.list(), |out, k| writeln!(out, "{k}")).await;
     }
-    let mut first = true;
-    while let Some(k) = keys.try_next().await? {
-        if ctx.json {
-            let sep = if first { "" } else { "," };
-            if long {
-                if let Some(m) = store.stat(&k).await? {
-                    write!(
-                        out,
-                        "{sep}\n  {}",
-                        serde_json::to_string(&m).unwrap_or_default()
-                    )
-                    .map_err(io)?;
-                }
-            } else {
-                write!(out, "{sep}\n  \"{k}\"").map_err(io)?;
-            }
-        } else if long {
-            if let Some(m) = store.stat(&k).await? {
-                writeln!(out, "{k}  {:>12}  {}", m.size, m.tier).map_err(io)?;
-            }
-        } else {
-            writeln!(out, "{k}").map_err(io)?;
-        }
-        first = false;
-    }
-    if ctx.json {
-        writeln!(out, "{}]", if first { "" } else { "\n" }).map_err(io)?;
-    }
-    out.flush().map_err(io)
+    // A key collected between the listing and its stat is skipped: the
+    // listing is of what was there, never an error.
+    let store = &store;
+    let metas = store
+        .list()
+        .try_filter_map(|k| async move { store.stat(&k).await });
+    list(ctx.json, metas, |out, m| {
+        writeln!(out, "{}  {:>12}  {}", m.key, m.size, m.tier)
+    })
+    .await
 }
