@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use alkblobs::Store;
+
 const BIN: &str = env!("CARGO_BIN_EXE_alkblobs");
 
 fn run(dir: &Path, args: &[&str]) -> Output {
@@ -97,6 +99,10 @@ fn bad_input_gets_one_line_errors_and_meaningful_codes() {
         stderr(&o)
     );
 
+    // A store that lacks the key (a path with no store at all is its own
+    // error, tested below).
+    std::fs::write(d.join("present"), "present").unwrap();
+    ok(d, &["put", "present"]);
     let missing = "0".repeat(64);
     let o = run(d, &["get", &missing]);
     assert_eq!(code(&o), 3);
@@ -109,8 +115,11 @@ fn bad_input_gets_one_line_errors_and_meaningful_codes() {
     assert!(!stderr(&o).contains("panicked"));
 
     assert_eq!(code(&run(d, &["frobnicate"])), 2, "clap usage errors");
-    // Pinning an absent key is refused.
-    assert_eq!(code(&run(d, &["pin", &missing])), 3);
+    // The retired `pin` command (it wrote a persistent root and refused
+    // absent keys) is gone; its replacement, `roots add`, takes keys that do
+    // not exist yet, so `stat` still says the key is absent.
+    ok(d, &["roots", "add", &missing]);
+    assert_eq!(code(&run(d, &["stat", &missing])), 3);
 }
 
 #[test]
@@ -192,8 +201,7 @@ fn gc_collects_unrooted_content_and_keeps_roots() {
         staged.contains(&kb) && staged.contains(&kc) && staged.contains("due in"),
         "{staged}"
     );
-    let status: serde_json::Value =
-        serde_json::from_str(&ok(d, &["gc", "--status", "--json"])).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&ok(d, &["staged", "--json"])).unwrap();
     assert_eq!(status.as_array().unwrap().len(), 2);
 
     // Window zero collects in one run; the extra roots file protects c.
@@ -215,11 +223,11 @@ fn gc_collects_unrooted_content_and_keeps_roots() {
     // protected by the file.
     assert_eq!(report["deleted"], 1, "{report}");
     ok(d, &["roots", "rm", &ka]);
-    // Roots can be managed directly, and `pin` refuses absent keys.
+    // Roots can be managed directly.
     ok(d, &["roots", "add", &kb]);
     assert_eq!(ok(d, &["roots", "ls"]).trim(), kb);
     ok(d, &["roots", "rm", &kb]);
-    ok(d, &["pin", &ka]);
+    ok(d, &["roots", "add", &ka]);
     assert_eq!(ok(d, &["roots", "ls"]).trim(), ka);
 
     let bad = run(d, &["gc", "--roots", "a"]);
@@ -254,4 +262,197 @@ fn a_second_writer_is_told_who_holds_the_store() {
     assert_eq!(ok(d, &["ls"]).lines().count(), 1);
     drop(store);
     ok(d, &["put", "a"]);
+}
+
+/// The exit-code table, one line per code, as `--help` prints it after the
+/// commands; the README carries the same lines.
+fn help_exit_codes() -> Vec<String> {
+    let help = ok(Path::new("."), &["--help"]);
+    let table: Vec<String> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Exit codes:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_owned())
+        .collect();
+    table
+}
+
+#[test]
+fn help_and_readme_document_every_exit_code_once() {
+    let table = help_exit_codes();
+    assert_eq!(table.len(), 7, "one line per code 0..=6: {table:?}");
+    for (n, line) in table.iter().enumerate() {
+        assert!(line.starts_with(&format!("{n}  ")), "{line}");
+    }
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    for line in &table {
+        assert!(
+            readme.lines().any(|r| r.trim() == line),
+            "README lacks the exit-code line {line:?}"
+        );
+    }
+}
+
+#[test]
+fn keys_are_parsed_before_anything_runs_and_the_error_names_the_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let good = "0".repeat(64);
+    let bad = "z".repeat(64);
+    for args in [
+        vec!["roots", "add", good.as_str(), bad.as_str()],
+        vec!["roots", "rm", bad.as_str()],
+        vec!["stat", bad.as_str()],
+        vec!["get", bad.as_str(), "-o", "out.bin"],
+    ] {
+        let o = run(d, &args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("alkblobs: error: invalid key"), "{err}");
+        assert!(err.contains(&bad), "{args:?}: names the bad value: {err}");
+    }
+    assert!(
+        !d.join("data").exists(),
+        "a refused command creates no store"
+    );
+}
+
+#[test]
+fn gc_status_and_pin_are_gone_staged_and_roots_replace_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("a"), "alpha").unwrap();
+    let ka = ok(d, &["put", "a"]).trim().to_owned();
+    // `staged` is the one place for staged candidates.
+    assert_eq!(code(&run(d, &["gc", "--status"])), 2);
+    // A persistent root is `roots add`; *pin* is kept for pins.
+    let o = run(d, &["pin", &ka]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert_eq!(ok(d, &["roots", "ls"]).trim(), "", "nothing was rooted");
+    ok(d, &["roots", "add", &ka]);
+    assert_eq!(ok(d, &["roots", "ls"]).trim(), ka);
+}
+
+#[test]
+fn reads_of_a_path_with_no_store_say_so_and_create_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let key = "0".repeat(64);
+    let data = d.join("data");
+    // A missing directory, then an existing directory that holds no store.
+    for make_dir in [false, true] {
+        if make_dir {
+            std::fs::create_dir(&data).unwrap();
+        }
+        for args in [
+            vec!["ls"],
+            vec!["ls", "--long", "--json"],
+            vec!["verify"],
+            vec!["usage"],
+            vec!["staged"],
+            vec!["gc", "--window", "0s"],
+            vec!["gc", "--dry-run"],
+            vec!["roots", "ls"],
+            vec!["roots", "rm", key.as_str()],
+            vec!["stat", key.as_str()],
+            vec!["get", key.as_str()],
+            vec!["get", key.as_str(), "-o", "out.bin"],
+        ] {
+            let o = run(d, &args);
+            let err = stderr(&o);
+            assert_eq!(code(&o), 3, "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains(&format!("no store at {}", data.display())),
+                "{args:?}: {err}"
+            );
+            assert_eq!(stdout(&o), "", "{args:?}");
+            assert!(
+                !Store::dir_paths(&data).0.exists(),
+                "{args:?} created a store"
+            );
+            assert!(!d.join("out.bin").exists());
+        }
+    }
+    // Writers create one: `roots add`, then `put`.
+    ok(d, &["roots", "add", &key]);
+    assert!(Store::dir_paths(&data).0.exists());
+    assert_eq!(ok(d, &["roots", "ls"]).trim(), key);
+    assert_eq!(ok(d, &["ls"]), "");
+}
+
+/// Everything in `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn get_to_a_file_uses_a_unique_temp_name_and_ordinary_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("small.txt"), b"hello alkblobs\n").unwrap();
+    let small = ok(d, &["put", "small.txt"]).trim().to_owned();
+    let out = d.join("out");
+    std::fs::create_dir(&out).unwrap();
+
+    // A file the user owns that happens to carry the old fixed temp name is
+    // neither clobbered nor moved: temp names are unique.
+    let theirs = out.join(format!(".{small}.alkblobs-tmp"));
+    std::fs::write(&theirs, "mine").unwrap();
+    ok(d, &["get", &small, "-o", "out/copy.txt"]);
+    assert_eq!(
+        std::fs::read(out.join("copy.txt")).unwrap(),
+        b"hello alkblobs\n"
+    );
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "mine");
+    // The output gets ordinary permissions (the umask's), not a temp file's 0600.
+    let plain = out.join("plain");
+    std::fs::write(&plain, "x").unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&out.join("copy.txt")), mode(&plain));
+}
+
+#[test]
+fn get_to_a_file_leaves_no_temp_file_on_any_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("small.txt"), b"hello alkblobs\n").unwrap();
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    let small = ok(d, &["put", "small.txt"]).trim().to_owned();
+    let large = ok(d, &["put", "big.bin"]).trim().to_owned();
+    let out = d.join("out");
+    std::fs::create_dir(&out).unwrap();
+    let before = entries(&out);
+
+    // The rename fails: the target is a directory.
+    std::fs::create_dir(out.join("a-directory")).unwrap();
+    let o = run(d, &["get", &small, "-o", "out/a-directory"]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("a-directory"), "{}", stderr(&o));
+    std::fs::remove_dir(out.join("a-directory")).unwrap();
+    assert_eq!(
+        entries(&out),
+        before,
+        "the rename failure left a file behind"
+    );
+
+    // The content is corrupt: nothing is written, nothing is left.
+    let path = d.join("data/large/blobs").join(&large[0..2]).join(&large);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[1000] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let o = run(d, &["get", &large, "-o", "out/big.bin"]);
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    assert_eq!(entries(&out), before, "the corrupt read left a file behind");
 }

@@ -1,0 +1,79 @@
+//! `get`: a blob to stdout or, atomically, to a file.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use alkblobs::{Error, Key};
+use tokio::io::AsyncWriteExt;
+
+use crate::ctx::Ctx;
+use crate::exit::{Exit, Fail, Res};
+
+pub async fn get(ctx: &Ctx, key: Key, output: Option<&Path>) -> Res {
+    let store = ctx.open_read().await?;
+    let mut reader = store
+        .open_read_verified(&key)
+        .await?
+        .ok_or(Error::NotFound { key })?;
+    // The verifying reader fails with `InvalidData` when the content does
+    // not hash to its key.
+    let read_fail = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            Fail::new(Exit::Integrity, e.to_string())
+        } else {
+            Fail::new(Exit::Failure, format!("reading blob {key}: {e}"))
+        }
+    };
+    let Some(path) = output else {
+        let mut out = tokio::io::stdout();
+        tokio::io::copy(&mut reader, &mut out)
+            .await
+            .map_err(read_fail)?;
+        return out
+            .flush()
+            .await
+            .map_err(|e| Fail::new(Exit::Failure, format!("writing stdout: {e}")));
+    };
+
+    // A temp file of a unique name beside the target, renamed over it only
+    // once the content verified and is synced. `TempPath` removes the file
+    // when dropped, so every early return below leaves nothing behind.
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let prefix = format!(
+        ".{}.",
+        path.file_name()
+            .map_or_else(|| key.to_string(), |n| n.to_string_lossy().into_owned())
+    );
+    let (file, tmp) = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".alkblobs-tmp")
+        // The umask's permissions, as a plain create would give, not 0600.
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| {
+            Fail::new(
+                Exit::Failure,
+                format!("cannot create a temporary file in {}: {e}", dir.display()),
+            )
+        })?
+        .into_parts();
+    let mut file = tokio::fs::File::from_std(file);
+    tokio::io::copy(&mut reader, &mut file)
+        .await
+        .map_err(read_fail)?;
+    file.sync_all()
+        .await
+        .map_err(|e| Fail::new(Exit::Failure, format!("syncing {}: {e}", tmp.display())))?;
+    drop(file);
+    tmp.persist(path).map_err(|e| {
+        // `e.path` drops here and removes the temp file.
+        Fail::new(
+            Exit::Failure,
+            format!("cannot write {}: {}", path.display(), e.error),
+        )
+    })?;
+    Ok(())
+}

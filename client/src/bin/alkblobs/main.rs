@@ -1,0 +1,178 @@
+//! `alkblobs`: the command line for people.
+//!
+//! Works on the embedded default store (sqlite + local files under a data
+//! directory, no server). The exit codes are [`exit::Exit`], printed by
+//! `--help`. One module per command; `ctx` opens the store, `output` prints.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use alkblobs::Key;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+mod ctx;
+mod exit;
+mod gc;
+mod get;
+mod ls;
+mod output;
+mod put;
+mod roots;
+mod staged;
+mod stat;
+mod usage;
+mod verify;
+
+use ctx::Ctx;
+use exit::{Exit, Res, key_arg};
+use roots::RootsCmd;
+
+#[derive(Parser)]
+#[command(
+    name = "alkblobs",
+    version,
+    about = "A content-addressed, deduplicated, garbage-collected blob store"
+)]
+struct Cli {
+    /// The store's data directory (sqlite index + large files).
+    #[arg(long, global = true, env = "ALKBLOBS_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Wait for another process to release the store instead of failing.
+    #[arg(long, global = true)]
+    wait: bool,
+    /// No progress bars.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Every command but `put` and `roots add` needs a store at the data
+/// directory and fails with "no store at DIR" (exit 3) where there is none.
+#[derive(Subcommand)]
+enum Command {
+    /// Store files (or `-` for stdin), creating the store if need be; prints
+    /// each key on its own line.
+    Put {
+        /// Files to store; `-` reads standard input.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Also record each key as a root, so no sweep collects it.
+        #[arg(long)]
+        root: bool,
+    },
+    /// Write a blob to stdout or a file, verifying its hash.
+    Get {
+        /// The key (64 hex characters).
+        #[arg(value_parser = key_arg)]
+        key: Key,
+        /// Write to FILE (atomically, only if the content verifies).
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Show a blob's size and tier.
+    Stat {
+        /// The key.
+        #[arg(value_parser = key_arg)]
+        key: Key,
+    },
+    /// List every key, streamed (with --json, one array).
+    Ls {
+        /// Also show size and tier.
+        #[arg(short, long)]
+        long: bool,
+    },
+    /// Re-hash every blob; exit 4 and name each corrupt or missing key.
+    Verify,
+    /// Entries and bytes per tier.
+    Usage,
+    /// Manage roots: keys the garbage collector treats as live.
+    Roots {
+        #[command(subcommand)]
+        action: RootsCmd,
+    },
+    /// Collect unreferenced blobs.
+    Gc {
+        /// A file of extra root keys for this run, one per line.
+        #[arg(long = "roots", value_name = "FILE")]
+        roots_files: Vec<PathBuf>,
+        /// Delete window for candidates staged by this run (e.g. 0s, 5m).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        window: Option<Duration>,
+        /// Report what would be staged; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show staged delete candidates and when they become due.
+    Staged,
+}
+
+fn default_data_dir() -> PathBuf {
+    dirs::data_dir()
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("alkblobs")
+}
+
+async fn run(cli: Cli) -> Res {
+    let ctx = Ctx {
+        dir: cli.data_dir.clone().unwrap_or_else(default_data_dir),
+        json: cli.json,
+        wait: cli.wait,
+        progress: !cli.quiet && std::io::stderr().is_terminal(),
+    };
+    match &cli.command {
+        Command::Put { files, root } => put::put(&ctx, files, *root).await,
+        Command::Get { key, output } => get::get(&ctx, *key, output.as_deref()).await,
+        Command::Stat { key } => stat::stat(&ctx, *key).await,
+        Command::Ls { long } => ls::ls(&ctx, *long).await,
+        Command::Verify => verify::verify(&ctx).await,
+        Command::Usage => usage::usage(&ctx).await,
+        Command::Roots { action } => roots::roots(&ctx, action).await,
+        Command::Gc {
+            roots_files,
+            window,
+            dry_run,
+        } => gc::gc(&ctx, roots_files, *window, *dry_run).await,
+        Command::Staged => staged::staged(&ctx).await,
+    }
+}
+
+fn main() -> ExitCode {
+    let parsed = Cli::command()
+        .after_help(exit::help_table())
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
+        Ok(cli) => cli,
+        Err(e) => return exit::usage_error(e),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ALKBLOBS_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("alkblobs: error: cannot start the runtime: {e}");
+            return Exit::Failure.into();
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => Exit::Ok.into(),
+        Err(f) => {
+            eprintln!("alkblobs: error: {}", f.message);
+            f.exit.into()
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! `usage`: entries and bytes per tier.
+
+use indicatif::HumanBytes;
+
+use crate::ctx::Ctx;
+use crate::exit::Res;
+use crate::output::print_json;
+
+pub async fn usage(ctx: &Ctx) -> Res {
+    let store = ctx.open_read().await?;
+    let u = store.usage().await?;
+    if ctx.json {
+        return print_json(&u);
+    }
+    let row = |tier: &str, entries: u64, bytes: u64, engine: &str| {
+        println!(
+            "{tier:<6} {entries:>10} {:>12}  {engine}",
+            HumanBytes(bytes).to_string()
+        );
+    };
+    println!("{:<6} {:>10} {:>12}  engine", "tier", "entries", "bytes");
+    row("kv", u.kv.entries, u.kv.bytes, &u.kv.engine);
+    if let Some(l) = &u.large {
+        row("large", l.entries, l.bytes, &l.engine);
+    }
+    let total = u.kv.bytes + u.large.as_ref().map_or(0, |l| l.bytes);
+    println!(
+        "total  {:>10} {:>12}",
+        u.kv.entries + u.large.as_ref().map_or(0, |l| l.entries),
+        HumanBytes(total).to_string()
+    );
+    println!("roots: {}, staged for deletion: {}", u.roots, u.staged);
+    Ok(())
+}
