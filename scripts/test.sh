@@ -27,7 +27,7 @@ cargo clippy -p alkblobs-pg -- -D warnings
 cargo clippy -p alkblobs-tests --features pg --tests -- -D warnings
 
 step "cargo doc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core --features alkblobs/conformance
 
 step "workspace tests"
 cargo test --workspace --exclude alkblobs-pg

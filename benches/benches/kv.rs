@@ -50,10 +50,7 @@ fn main() {
         let engine = rt
             .block_on(SqliteBackend::open(
                 sub.join("alkblobs.sqlite"),
-                SqliteOptions {
-                    durability,
-                    ..SqliteOptions::default()
-                },
+                SqliteOptions::default().durability(durability),
             ))
             .unwrap();
         let store = Store::builder().sqlite(engine).kv_only().build().unwrap();
@@ -141,10 +138,7 @@ fn main() {
         let engine = rt
             .block_on(SqliteBackend::open(
                 sub.join("get.sqlite"),
-                SqliteOptions {
-                    durability,
-                    ..SqliteOptions::default()
-                },
+                SqliteOptions::default().durability(durability),
             ))
             .unwrap();
         let store = Store::builder().sqlite(engine).kv_only().build().unwrap();

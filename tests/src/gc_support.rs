@@ -40,10 +40,7 @@ pub async fn cases(window: Duration) -> Vec<Case> {
     let dir = tempfile::tempdir().unwrap();
     let local = LocalBackend::open(
         dir.path().join("large"),
-        LocalOptions {
-            durability: Durability::Relaxed,
-            ..LocalOptions::default()
-        },
+        LocalOptions::default().durability(Durability::Relaxed),
     )
     .await
     .unwrap();
@@ -77,19 +74,13 @@ pub async fn sqlite_local(window: Duration) -> Case {
 pub async fn open_sqlite_local(dir: &std::path::Path, window: Duration) -> Store {
     let kv = SqliteBackend::open(
         dir.join("index.sqlite"),
-        SqliteOptions {
-            durability: Durability::Relaxed,
-            ..SqliteOptions::default()
-        },
+        SqliteOptions::default().durability(Durability::Relaxed),
     )
     .await
     .unwrap();
     let large = LocalBackend::open(
         dir.join("large"),
-        LocalOptions {
-            durability: Durability::Relaxed,
-            ..LocalOptions::default()
-        },
+        LocalOptions::default().durability(Durability::Relaxed),
     )
     .await
     .unwrap();

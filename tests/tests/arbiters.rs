@@ -10,20 +10,14 @@ use alkblobs::conformance::fault::FaultBackend;
 use alkblobs::{Durability, ErrorKind, Store, arbiter_suite};
 
 async fn sqlite(dir: &std::path::Path) -> SqliteBackend {
-    let opts = SqliteOptions {
-        durability: Durability::Relaxed,
-        ..SqliteOptions::default()
-    };
+    let opts = SqliteOptions::default().durability(Durability::Relaxed);
     SqliteBackend::open(dir.join("index.sqlite"), opts)
         .await
         .unwrap()
 }
 
 async fn local(dir: &std::path::Path) -> LocalBackend {
-    let opts = LocalOptions {
-        durability: Durability::Relaxed,
-        ..LocalOptions::default()
-    };
+    let opts = LocalOptions::default().durability(Durability::Relaxed);
     LocalBackend::open(dir.join("large"), opts).await.unwrap()
 }
 

@@ -204,10 +204,7 @@ async fn killed_put_is_never_visible_and_its_staging_file_is_reclaimed_only_when
     drop(store);
 
     // With no grace and nobody holding its lock, it is reclaimed.
-    let opts = LocalOptions {
-        staging_grace: Duration::ZERO,
-        ..LocalOptions::default()
-    };
+    let opts = LocalOptions::default().staging_grace(Duration::ZERO);
     let large = LocalBackend::open(dir.path().join("large"), opts)
         .await
         .unwrap();
@@ -225,10 +222,7 @@ async fn killed_put_is_never_visible_and_its_staging_file_is_reclaimed_only_when
 #[tokio::test]
 async fn a_live_writers_staging_file_is_never_reclaimed() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = LocalOptions {
-        staging_grace: Duration::ZERO,
-        ..LocalOptions::default()
-    };
+    let opts = LocalOptions::default().staging_grace(Duration::ZERO);
     let large = LocalBackend::open(dir.path(), opts).await.unwrap();
     let value = data(6, 2_000_000);
     let mut w = large.begin_write().await.unwrap();
@@ -252,10 +246,7 @@ async fn a_live_writers_staging_file_is_never_reclaimed() {
 async fn a_sqlite_file_locked_by_another_process_is_a_clear_error_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("index.sqlite");
-    let opts = SqliteOptions {
-        busy_timeout: Duration::from_millis(200),
-        ..SqliteOptions::default()
-    };
+    let opts = SqliteOptions::default().busy_timeout(Duration::from_millis(200));
     let kv = SqliteBackend::open(&db, opts).await.unwrap();
     let a = data(7, 100);
     let ka = Key::of(&a);

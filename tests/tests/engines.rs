@@ -45,10 +45,7 @@ large_backend_suite!(local, LARGE_DURABLE, async {
 // The relaxed modes skip fsyncs; the contract is otherwise the same.
 backend_suite!(sqlite_relaxed, KV, async {
     let dir = tempfile::tempdir().unwrap();
-    let opts = SqliteOptions {
-        durability: Durability::Relaxed,
-        ..SqliteOptions::default()
-    };
+    let opts = SqliteOptions::default().durability(Durability::Relaxed);
     let e = SqliteBackend::open(dir.path().join("kv.sqlite"), opts)
         .await
         .unwrap();
@@ -57,10 +54,7 @@ backend_suite!(sqlite_relaxed, KV, async {
 
 large_backend_suite!(local_relaxed, LARGE, async {
     let dir = tempfile::tempdir().unwrap();
-    let opts = LocalOptions {
-        durability: Durability::Relaxed,
-        ..LocalOptions::default()
-    };
+    let opts = LocalOptions::default().durability(Durability::Relaxed);
     let e = LocalBackend::open(dir.path().join("large"), opts)
         .await
         .unwrap();

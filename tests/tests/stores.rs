@@ -110,3 +110,11 @@ store_suite!(faulty_wrapped, TIERED, async {
     let s = Store::builder().kv(kv).large(large).build().unwrap();
     (s, dir)
 });
+
+// `Box<T>` of an engine is an engine (every method forwarded).
+store_suite!(boxed_engines, TIERED, async {
+    let kv: Box<MemBackend> = Box::new(MemBackend::new());
+    let large: Box<MemBackend> = Box::new(MemBackend::new());
+    let s = Store::builder().kv(kv).large(large).build().unwrap();
+    (s, ())
+});

@@ -19,9 +19,9 @@ use crate::{BoxError, Key, Result};
 /// # Contract
 /// A snapshot must reflect every liveness record the embedder made before
 /// [`LivenessSource::snapshot`] was called. It may be newer. A failure (or a
-/// timeout, see [`SweepOptions::source_timeout`]) aborts the sweep with
+/// timeout, see [`SweepOptions::source_timeout`](crate::SweepOptions::source_timeout)) aborts the sweep with
 /// nothing deleted from that point on, reported as
-/// [`GcAbortCause::ProtectionSource`].
+/// [`GcAbortCause::ProtectionSource`](crate::GcAbortCause::ProtectionSource).
 #[async_trait]
 pub trait LivenessSource: Send + Sync + 'static {
     /// Opens a view of the live set for one phase of a sweep.

@@ -1,5 +1,9 @@
 //! `local`: the large-tier engine on a filesystem.
 //!
+//! (One engine, one file: the publish protocol, recovery and the streaming
+//! writer share invariants that read best side by side; that is why it is
+//! long.)
+//!
 //! # Layout
 //!
 //! ```text
@@ -55,8 +59,10 @@ use super::{
 use crate::{Error, Key, Result};
 use alkblobs_core::{all_shards, shard_path};
 
-/// Options for [`LocalBackend::open`].
+/// Options for [`LocalBackend::open`]; build with
+/// `LocalOptions::default().durability(..).mode(..)`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LocalOptions {
     /// `Durable` (default): files and directories are fsynced before a put
     /// returns. `Relaxed`: no fsync (a power cut may lose, never tear, a
@@ -67,6 +73,27 @@ pub struct LocalOptions {
     /// A staging file untouched for this long whose lock nobody holds is
     /// abandoned and reclaimed (default 15 minutes).
     pub staging_grace: Duration,
+}
+
+impl LocalOptions {
+    /// Durability of puts (fsync of files and directories, or none).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Write, wait for the instance lock, or read-only.
+    pub fn mode(mut self, mode: OpenMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How long an unlocked staging file must be untouched before it is
+    /// reclaimed as abandoned.
+    pub fn staging_grace(mut self, grace: Duration) -> Self {
+        self.staging_grace = grace;
+        self
+    }
 }
 
 impl Default for LocalOptions {

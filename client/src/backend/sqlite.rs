@@ -1,5 +1,8 @@
 //! `sqlite`: the embedded kv engine (rusqlite, WAL).
 //!
+//! (One engine, one file: the connection handling, the schema and every
+//! statement the contract needs stay together; that is why it is long.)
+//!
 //! # Schema
 //!
 //! ```sql
@@ -79,8 +82,10 @@ CREATE TABLE IF NOT EXISTS roots (
 PRAGMA user_version = 1;
 ";
 
-/// Options for [`SqliteBackend::open`].
+/// Options for [`SqliteBackend::open`]; build with
+/// `SqliteOptions::default().durability(..).mode(..)`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SqliteOptions {
     /// `Durable` (default): `synchronous=FULL`. `Relaxed`: `NORMAL`.
     pub durability: Durability,
@@ -98,6 +103,26 @@ impl Default for SqliteOptions {
             mode: OpenMode::Write,
             busy_timeout: Duration::from_secs(5),
         }
+    }
+}
+
+impl SqliteOptions {
+    /// Durability of commits.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Write, wait for the instance lock, or read-only.
+    pub fn mode(mut self, mode: OpenMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How long a statement waits for another connection's lock.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
     }
 }
 

@@ -1,5 +1,8 @@
 //! Cases over one engine, through `&dyn Backend` (every engine) and
 //! `&dyn LargeBackend` (large engines: streaming writes and reads).
+//!
+//! (One file of cases, so the list a third-party engine must pass reads in
+//! one place; that is why it is long.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

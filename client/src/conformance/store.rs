@@ -1,4 +1,7 @@
 //! Cases over a `Store`, for every store configuration.
+//!
+//! (One file of cases, so the list every configuration must pass reads in
+//! one place; that is why it is long.)
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! The store facade: tiers, verification and accounting over a pair of
 //! engines, with every protection decision delegated to its
-//! [`Arbiter`](crate::arbiter::Arbiter).
+//! [`Arbiter`].
 //!
 //! A [`Store`] is cheap to clone (an `Arc`) and safe to share across tasks
 //! and threads. Every operation carries a `tracing` span.

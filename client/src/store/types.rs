@@ -33,7 +33,7 @@ pub struct Put {
     pub pin: PinGuard,
 }
 
-/// One entry of a [`Store::put_many`].
+/// One entry of a [`Store::put_many`](crate::Store::put_many).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PutInfo {
     /// The content key.
