@@ -137,6 +137,39 @@ pub enum Error {
         /// alkblobs`, `ALTER EXTENSION alkblobs UPDATE`).
         detail: String,
     },
+    /// The store builder refused a topology whose sweeps could delete
+    /// another instance's protected content: an in-process arbiter over an
+    /// engine other instances can reach (ADR-008 §2).
+    #[error(
+        "{engine} is shared with other instances, but the {arbiter} arbiter sees only this process's pins: \
+         sweeping a shared pool from one instance can delete another's in-flight puts. \
+         Declare the topology: single_instance() if this is the only instance of the pool, \
+         or a fleet arbiter if several share it"
+    )]
+    UnsafeTopology {
+        /// The shared engine's display name.
+        engine: String,
+        /// The arbiter's name.
+        arbiter: String,
+    },
+    /// The store was closed ([`crate::Store::close`]); open it again.
+    #[error("the store was closed; open it again to use it")]
+    Closed,
+    /// A database engine reported an error with a SQLSTATE that is neither
+    /// a conflict nor a lost connection; `kind` is its class
+    /// ([`sqlstate_kind`]).
+    #[error("{engine}: {source} (SQLSTATE {sqlstate})")]
+    Database {
+        /// The engine's display name.
+        engine: String,
+        /// The five-character SQLSTATE.
+        sqlstate: String,
+        /// Its class.
+        kind: ErrorKind,
+        /// The database's report.
+        #[source]
+        source: BoxError,
+    },
     /// An engine failed; `engine` names it (e.g. `sqlite(/data/index.sqlite)`).
     #[error("{engine}: {source}")]
     Engine {
@@ -164,7 +197,7 @@ pub enum ErrorKind {
     /// file ([`Error::InvalidKey`], [`Error::InvalidRange`], [`Error::Input`]).
     InvalidInput,
     /// The store or database is configured in a way that cannot work
-    /// ([`Error::Config`], [`Error::Extension`]).
+    /// ([`Error::Config`], [`Error::Extension`], [`Error::UnsafeTopology`]).
     Config,
     /// Read-only store asked to write ([`Error::ReadOnly`]).
     ReadOnly,
@@ -177,6 +210,8 @@ pub enum ErrorKind {
     Unavailable,
     /// Referenced content is gone; put it again ([`Error::Collected`]).
     Collected,
+    /// The store was closed ([`Error::Closed`]).
+    Closed,
     /// Any other engine failure ([`Error::Engine`]).
     Engine,
 }
@@ -191,7 +226,11 @@ impl Error {
             Error::InvalidKey(_) | Error::InvalidRange { .. } | Error::Input { .. } => {
                 ErrorKind::InvalidInput
             }
-            Error::Config(_) | Error::Extension { .. } => ErrorKind::Config,
+            Error::Config(_) | Error::Extension { .. } | Error::UnsafeTopology { .. } => {
+                ErrorKind::Config
+            }
+            Error::Closed => ErrorKind::Closed,
+            Error::Database { kind, .. } => *kind,
             Error::ReadOnly { .. } => ErrorKind::ReadOnly,
             Error::InUse { .. } => ErrorKind::InUse,
             Error::Conflict { .. } => ErrorKind::Conflict,
@@ -248,18 +287,26 @@ impl Error {
 
     /// Classifies an engine failure that carries a SQLSTATE (see
     /// [`sqlstate_kind`]): conflicts and lost connections become the
-    /// retryable variants, the rest an [`Error::Engine`] with its source.
+    /// retryable variants, `AB002` about a known key [`Error::Collected`],
+    /// and the rest an [`Error::Database`] whose `kind()` is the table's.
     pub fn from_sqlstate(
         engine: impl std::fmt::Display,
         code: &str,
+        key: Option<Key>,
         source: impl Into<BoxError>,
     ) -> Error {
         let engine = engine.to_string();
         let source = source.into();
-        match sqlstate_kind(code) {
-            ErrorKind::Conflict => Error::Conflict { engine, source },
-            ErrorKind::Unavailable => Error::Unavailable { engine, source },
-            _ => Error::Engine { engine, source },
+        match (sqlstate_kind(code), key) {
+            (ErrorKind::Conflict, _) => Error::Conflict { engine, source },
+            (ErrorKind::Unavailable, _) => Error::Unavailable { engine, source },
+            (ErrorKind::Collected, Some(key)) => Error::Collected { key },
+            (kind, _) => Error::Database {
+                engine,
+                sqlstate: code.to_owned(),
+                kind,
+                source,
+            },
         }
     }
 }

@@ -52,9 +52,3 @@ pub use store::{
     CorruptEntry, DirOptions, EntryMeta, Put, PutInfo, PutMany, Store, StoreBuilder, Tier,
     TierUsage, Usage, VerifyProgress, VerifyReport,
 };
-
-/// The GC types under their old path (`alkblobs::store::gc::…`).
-#[doc(hidden)]
-pub mod gc {
-    pub use crate::arbiter::*;
-}

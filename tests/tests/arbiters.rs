@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use alkblobs::arbiter::single::{SingleNodeArbiter, SqliteTables};
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::mem::MemBackend;
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
 use alkblobs::conformance::fault::FaultBackend;
-use alkblobs::{Durability, ErrorKind, Store, arbiter_suite};
+use alkblobs::{Durability, Error, ErrorKind, Store, arbiter_suite};
 
 async fn sqlite(dir: &std::path::Path) -> SqliteBackend {
     let opts = SqliteOptions::default().durability(Durability::Relaxed);
@@ -73,14 +74,21 @@ arbiter_suite!(open_dir, async {
 
 arbiter_suite!(faulty_wrapped, async {
     let dir = tempfile::tempdir().unwrap();
-    let kv = FaultBackend::new(Arc::new(sqlite(dir.path()).await));
+    // Durable tables given explicitly: the builder cannot see through the
+    // wrapper to pair them itself.
+    let db = sqlite(dir.path()).await;
+    let tables = Arc::new(SqliteTables::attach(&db));
+    let arbiter = SingleNodeArbiter::with_tables(tables, alkblobs::arbiter::DEFAULT_WINDOW);
+    let kv = FaultBackend::new(Arc::new(db));
     let large = FaultBackend::new(Arc::new(local(dir.path()).await));
     let s = Store::builder()
         .kv(kv)
         .large(large)
+        .arbiter(Arc::new(arbiter))
         .threshold(1024)
         .build()
         .unwrap();
+    assert!(s.gc_durable());
     (s, dir)
 });
 
@@ -98,11 +106,16 @@ async fn a_shared_engine_cannot_be_swept_by_an_in_process_arbiter() {
         .build()
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config);
-    let msg = err.to_string();
-    assert!(
-        msg.contains("shared with other instances") && msg.contains("single_instance"),
-        "{msg}"
-    );
+    match &err {
+        Error::UnsafeTopology { engine, arbiter } => {
+            assert_eq!(
+                (engine.as_str(), arbiter.as_str()),
+                ("fault(mem)", "single-node")
+            )
+        }
+        other => panic!("expected UnsafeTopology, got {other:?}"),
+    }
+    assert!(err.to_string().contains("single_instance()"), "{err}");
 
     // A shared large engine is refused the same way.
     let large = FaultBackend::new(Arc::new(MemBackend::new()));
@@ -112,7 +125,7 @@ async fn a_shared_engine_cannot_be_swept_by_an_in_process_arbiter() {
         .large(large)
         .build()
         .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(matches!(err, Error::UnsafeTopology { .. }), "{err:?}");
 
     // Declared single-instance (REQ-3), it builds and sweeps.
     let store = Store::builder()

@@ -30,11 +30,19 @@ async fn close_checkpoints_and_removes_the_wal() {
     );
     store.close().await.unwrap();
     assert_eq!(wal_files(dir.path()), Vec::<String>::new());
-    assert!(store.put(data(999, 10)).await.is_err());
-    assert!(store.get(&keys[0]).await.is_err());
-    drop(store);
+    for result in [
+        store.put(data(999, 10)).await.map(|_| ()),
+        store.put(data(998, 1 << 20)).await.map(|_| ()),
+        store.get(&keys[0]).await.map(|_| ()),
+        store.sweep(alkblobs::SweepOptions::new()).await.map(|_| ()),
+    ] {
+        assert_eq!(result.unwrap_err().kind(), ErrorKind::Closed);
+    }
 
+    // The instance locks were released: the store opens again while the
+    // closed handle is still alive.
     let again = Store::open_dir(dir.path()).await.unwrap();
+    drop(store);
     for k in &keys {
         assert!(again.has(k).await.unwrap(), "a blob was lost by close");
     }
@@ -102,15 +110,30 @@ async fn errors_classify() {
     ] {
         assert_eq!(sqlstate_kind(code), kind, "{code}");
     }
-    let conflict = Error::from_sqlstate("postgres(db)", "40P01", "deadlock detected");
-    assert_eq!(conflict.kind(), ErrorKind::Conflict);
-    assert!(conflict.is_retryable());
-    let lost = Error::from_sqlstate("postgres(db)", "08006", "connection lost");
-    assert!(lost.is_retryable());
-    let other = Error::from_sqlstate("postgres(db)", "XX000", "internal");
-    assert_eq!(other.kind(), ErrorKind::Engine);
-    assert!(!other.is_retryable());
-    assert!(other.to_string().starts_with("postgres(db)"), "{other}");
+    // …and the same classes through the constructor engines use.
+    for (code, kind) in [
+        ("40001", ErrorKind::Conflict),
+        ("08006", ErrorKind::Unavailable),
+        ("AB002", ErrorKind::Collected),
+        ("AB001", ErrorKind::Config),
+        ("42501", ErrorKind::Config),
+        ("22004", ErrorKind::InvalidInput),
+        ("XX000", ErrorKind::Engine),
+    ] {
+        let e = Error::from_sqlstate("postgres(db)", code, None, "reported");
+        assert_eq!(e.kind(), kind, "{code}: {e}");
+        assert_eq!(
+            e.is_retryable(),
+            matches!(kind, ErrorKind::Conflict | ErrorKind::Unavailable),
+            "{code}"
+        );
+        assert!(e.to_string().starts_with("postgres(db)"), "{e}");
+    }
+    let k = alkblobs::Key::of(b"gone");
+    match Error::from_sqlstate("postgres(db)", "AB002", Some(k), "not present") {
+        Error::Collected { key } => assert_eq!(key, k),
+        other => panic!("expected Collected, got {other:?}"),
+    }
     // Library messages carry no CLI vocabulary.
     let in_use = Error::InUse {
         resource: "/x/index.lock".into(),

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use alkblobs::arbiter::single::{SingleNodeArbiter, SqliteTables};
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::mem::MemBackend;
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
@@ -105,9 +106,19 @@ store_suite!(open_dir_relaxed, TIERED, async {
 // Engines behind the fault wrapper (disarmed) behave exactly the same.
 store_suite!(faulty_wrapped, TIERED, async {
     let dir = tempfile::tempdir().unwrap();
-    let kv = FaultBackend::new(Arc::new(sqlite(dir.path()).await));
+    // The wrapped sqlite engine keeps its durable tables: the arbiter is
+    // given them explicitly (the builder cannot see through the wrapper).
+    let db = sqlite(dir.path()).await;
+    let tables = Arc::new(SqliteTables::attach(&db));
+    let arbiter = SingleNodeArbiter::with_tables(tables, alkblobs::arbiter::DEFAULT_WINDOW);
+    let kv = FaultBackend::new(Arc::new(db));
     let large = FaultBackend::new(Arc::new(local(dir.path()).await));
-    let s = Store::builder().kv(kv).large(large).build().unwrap();
+    let s = Store::builder()
+        .kv(kv)
+        .large(large)
+        .arbiter(Arc::new(arbiter))
+        .build()
+        .unwrap();
     (s, dir)
 });
 

@@ -146,7 +146,8 @@ struct Inner {
     staging: PathBuf,
     display: String,
     opts: LocalOptions,
-    _lock: Option<InstanceLock>,
+    /// The instance lock; taken out (released) by `close`.
+    lock: std::sync::Mutex<Option<InstanceLock>>,
 }
 
 impl Inner {
@@ -163,6 +164,15 @@ impl Inner {
     }
 
     fn check_writable(&self, action: &'static str) -> Result<()> {
+        let closed = self.opts.mode.writable()
+            && self
+                .lock
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_none();
+        if closed {
+            return Err(crate::Error::Closed);
+        }
         if self.opts.mode.writable() {
             Ok(())
         } else {
@@ -470,7 +480,7 @@ impl LocalBackend {
             staging,
             display,
             opts,
-            _lock: None,
+            lock: std::sync::Mutex::new(None),
         };
         if inner.opts.mode.writable() {
             for dir in [&inner.root, &inner.blobs, &inner.staging] {
@@ -481,11 +491,12 @@ impl LocalBackend {
                     })
                 })?;
             }
-            inner._lock = Some(InstanceLock::acquire(
+            let lock = InstanceLock::acquire(
                 &inner.root.join("alkblobs.lock"),
                 inner.opts.mode.wait(),
                 &inner.display,
-            )?);
+            )?;
+            inner.lock = std::sync::Mutex::new(Some(lock));
             // All 256 shards up front: a put then never creates a directory.
             let mut created = false;
             for shard in all_shards() {
@@ -555,7 +566,8 @@ impl Backend for LocalBackend {
 
     fn sharing(&self) -> Sharing {
         // A writable open holds the root's instance lock; a read-only one
-        // deletes nothing. Shared media is declared at the store, not here.
+        // deletes nothing. Shared media under a fleet is the fleet
+        // arbiter's declaration (the fleet-validity rule), not the engine's.
         Sharing::Process
     }
 
@@ -675,6 +687,16 @@ impl Backend for LocalBackend {
 
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.read_range(key, offset, len).await
+    }
+
+    async fn close(&self) -> Result<()> {
+        // Refuses later writes and lets another process take the root.
+        self.inner
+            .lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        Ok(())
     }
 
     async fn reclaim_abandoned(&self) -> Result<u64> {

@@ -21,9 +21,9 @@
 //! The same database hosts the single-node arbiter's durable tables
 //! (`staged`, `roots`; their SQL is in `arbiter/single/sqlite_tables.rs`).
 //! The engine's one cooperation with them is wired by that module, not
-//! discovered through the [`Backend`] trait: once attached, a put deletes its
-//! key's `staged` row in the entry's own transaction, so a re-put key gets a
-//! fresh delete window atomically with the put.
+//! discovered through the [`Backend`] trait: while any row is staged, a put
+//! deletes its key's `staged` row in the entry's own transaction, so a re-put
+//! key gets a fresh delete window atomically with the put.
 //!
 //! # Concurrency
 //!
@@ -167,7 +167,8 @@ pub(crate) struct Inner {
     readers: Mutex<Vec<Connection>>,
     closed: std::sync::atomic::AtomicBool,
     writer: Option<Mutex<Option<Writer>>>,
-    _lock: Option<InstanceLock>,
+    /// The instance lock; released by `close` (or on drop).
+    lock: Mutex<Option<InstanceLock>>,
 }
 
 /// The writer connection and the state only the writer touches. One
@@ -282,6 +283,8 @@ impl Inner {
                 .close()
                 .map_err(|(_, e)| self.fail("close the database", e))?;
         }
+        // Every connection is closed: another process may take the store.
+        self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
         Ok(())
     }
 }
@@ -372,7 +375,7 @@ impl SqliteBackend {
             readers: Mutex::new(Vec::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
             writer,
-            _lock: lock,
+            lock: Mutex::new(lock),
         };
         // Prove a reader can open and the schema is there.
         let reader = inner.open_reader().map_err(unable)?;

@@ -295,7 +295,10 @@ pub async fn streaming_reads(e: &Arc<dyn LargeBackend>, caps: Caps) {
     use tokio::io::AsyncReadExt;
     let value = data(16, (2 << 20).min(caps.max_value));
     let key = Key::of(&value);
-    e.put(&key, Bytes::from(value.clone())).await.unwrap();
+    assert_eq!(
+        e.put(&key, Bytes::from(value.clone())).await.unwrap(),
+        PutOutcome::Created
+    );
     let mut r = e.open_read(&key).await.unwrap().unwrap();
     let mut got = Vec::new();
     r.read_to_end(&mut got).await.unwrap();

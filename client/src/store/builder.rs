@@ -73,10 +73,16 @@ impl Default for StoreBuilder {
 impl StoreBuilder {
     /// The kv engine (required). Pass an `Arc` to share an engine value.
     ///
-    /// The single-node arbiter then keeps staged candidates and roots in
-    /// process; give a SQLite engine through [`StoreBuilder::sqlite`] to keep
-    /// them durable in its database.
+    /// A [`SqliteBackend`] given here is paired with its database's durable
+    /// tables exactly as [`StoreBuilder::sqlite`] does; any other engine
+    /// leaves the single-node arbiter's staged candidates and roots in
+    /// process (or in the tables of an arbiter given with
+    /// [`StoreBuilder::arbiter`]).
     pub fn kv(mut self, engine: impl Backend + 'static) -> Self {
+        let any: &dyn std::any::Any = &engine;
+        if let Some(db) = any.downcast_ref::<SqliteBackend>() {
+            return self.sqlite(db.clone());
+        }
         self.kv = Some(Arc::new(engine));
         if matches!(self.arbiter, ArbiterChoice::Sqlite(_)) {
             self.arbiter = ArbiterChoice::InMemory;
@@ -172,6 +178,7 @@ impl StoreBuilder {
                 pool,
                 threshold: self.threshold,
                 arbiter,
+                closed: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -189,13 +196,10 @@ fn check_scope(pool: &Pool, arbiter: &dyn Arbiter, single_instance: bool) -> Res
         .into_iter()
         .find(|e| e.sharing() == Sharing::Shared)
     {
-        return Err(Error::Config(format!(
-            "{shared} is shared with other instances, but the {} arbiter sees only this process's pins: \
-             sweeping a shared pool from one instance can delete another's in-flight puts. \
-             Declare the topology: .single_instance() if this is the only instance of the pool, \
-             or a fleet arbiter if several share it",
-            arbiter.name()
-        )));
+        return Err(Error::UnsafeTopology {
+            engine: shared.to_string(),
+            arbiter: arbiter.name().to_owned(),
+        });
     }
     Ok(())
 }

@@ -20,6 +20,7 @@ impl Store {
     /// absent or already collected. This — not [`Store::has`] — is the only
     /// safe way to start referencing content you did not just put.
     pub async fn pin(&self, key: &Key) -> Result<PinGuard> {
+        self.check_open()?;
         self.inner.arbiter.pin_existing(&self.inner.pool, key).await
     }
 
@@ -70,6 +71,7 @@ impl Store {
     /// `Ok(report)` with [`SweepReport::aborted`] set; `Err` means the store
     /// itself failed.
     pub async fn sweep(&self, opts: SweepOptions) -> Result<SweepReport> {
+        self.check_open()?;
         let span = tracing::info_span!("sweep", dry_run = opts.dry_run);
         async {
             let report = self.inner.arbiter.sweep(&self.inner.pool, opts).await?;
@@ -89,7 +91,24 @@ impl Store {
 
     /// Staged rows with key after `after`, ascending, at most `limit`.
     pub async fn staged(&self, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
+        self.check_open()?;
         self.inner.arbiter.staged(after, limit).await
+    }
+
+    /// Every staged candidate, ascending by key, streamed.
+    pub fn staged_all(&self) -> futures::stream::BoxStream<'_, Result<StagedRow>> {
+        if let Err(e) = self.check_open() {
+            return Box::pin(futures::stream::once(async { Err(e) }));
+        }
+        let arbiter = self.inner.arbiter.clone();
+        crate::pager::paged(
+            4096,
+            |r: &StagedRow| r.key,
+            move |after| {
+                let arbiter = arbiter.clone();
+                async move { arbiter.staged(after, 4096).await }
+            },
+        )
     }
 
     /// Whether staged candidates survive a restart (true on sqlite).
@@ -100,16 +119,21 @@ impl Store {
     /// Adds persistent roots: keys the `roots` liveness source reports
     /// live. Returns how many were new.
     pub async fn add_roots(&self, keys: &[Key]) -> Result<u64> {
+        self.check_open()?;
         self.inner.arbiter.add_roots(keys).await
     }
 
     /// Removes roots. Returns how many were present.
     pub async fn remove_roots(&self, keys: &[Key]) -> Result<u64> {
+        self.check_open()?;
         self.inner.arbiter.remove_roots(keys).await
     }
 
     /// Every root, ascending, streamed.
     pub fn roots(&self) -> KeyStream<'_> {
+        if let Err(e) = self.check_open() {
+            return Box::pin(futures::stream::once(async { Err(e) }));
+        }
         let arbiter = self.inner.arbiter.clone();
         crate::pager::paged(
             4096,

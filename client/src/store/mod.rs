@@ -53,6 +53,8 @@ struct StoreInner {
     pool: Pool,
     threshold: u64,
     arbiter: Arc<dyn Arbiter>,
+    /// Set by [`Store::close`]; every operation checks it first.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
@@ -87,13 +89,25 @@ impl Store {
     }
 
     /// Finishes background work and closes the engines: the arbiter stops
-    /// its tasks, SQLite checkpoints and removes its WAL. Operations on any
-    /// clone of this store fail afterwards. Dropping the last clone without
-    /// closing does the same on a best-effort basis.
+    /// its tasks, SQLite checkpoints and removes its WAL, the instance locks
+    /// are released. Operations on any clone of this store fail with
+    /// [`Error::Closed`] afterwards. Dropping the last clone without closing
+    /// does the same on a best-effort basis.
     pub async fn close(&self) -> Result<()> {
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
         self.inner.arbiter.close().await?;
         for engine in self.inner.pool.engines() {
             engine.close().await?;
+        }
+        Ok(())
+    }
+
+    /// [`Error::Closed`] once [`Store::close`] ran.
+    fn check_open(&self) -> Result<()> {
+        if self.inner.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Closed);
         }
         Ok(())
     }

@@ -50,6 +50,7 @@ impl Store {
 
     /// Stores `bytes`, returning its key and a pin on it.
     pub async fn put(&self, bytes: impl Into<Bytes>) -> Result<Put> {
+        self.check_open()?;
         let bytes = bytes.into();
         let span = tracing::debug_span!("put", size = bytes.len());
         async {
@@ -107,6 +108,7 @@ impl Store {
     /// Stores `bytes` only if they hash to `key` (the ops surface for
     /// content fetched from another node). A mismatch stores nothing.
     pub async fn put_verified(&self, key: &Key, bytes: impl Into<Bytes>) -> Result<Put> {
+        self.check_open()?;
         let bytes = bytes.into();
         let span = tracing::debug_span!("put_verified", %key, size = bytes.len());
         async {
@@ -131,6 +133,7 @@ impl Store {
         I: IntoIterator<Item = B>,
         B: Into<Bytes>,
     {
+        self.check_open()?;
         let blobs: Vec<Bytes> = blobs.into_iter().map(Into::into).collect();
         let span = tracing::debug_span!("put_many", count = blobs.len());
         async {
@@ -183,6 +186,7 @@ impl Store {
     /// Stores a stream, hashing while it is written: memory stays bounded
     /// (the threshold plus one chunk) whatever the stream's length.
     pub async fn put_reader<R: AsyncRead + Unpin + Send>(&self, mut reader: R) -> Result<Put> {
+        self.check_open()?;
         let span = tracing::debug_span!("put_reader");
         async move {
             let input = |source| Error::Input {

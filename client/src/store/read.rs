@@ -35,6 +35,7 @@ impl Store {
     /// The whole blob, or `None`. Loads it into memory; use
     /// [`Store::open_read`] for large blobs.
     pub async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+        self.check_open()?;
         let span = tracing::debug_span!("get", %key);
         self.first(self.kv().get(key), |l| l.get(key))
             .instrument(span)
@@ -44,6 +45,7 @@ impl Store {
 
     /// Up to `len` bytes from `offset` (clamped to the end), or `None`.
     pub async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.check_open()?;
         let span = tracing::debug_span!("get_range", %key, offset, len);
         self.first(self.kv().get_range(key, offset, len), |l| {
             l.read_range(key, offset, len)
@@ -55,6 +57,7 @@ impl Store {
 
     /// A streaming reader over the blob, or `None`.
     pub async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        self.check_open()?;
         let kv = async {
             Ok(self
                 .kv()
@@ -69,6 +72,7 @@ impl Store {
 
     /// Whether the key is present now. Not a promise: see [`Store::pin`].
     pub async fn has(&self, key: &Key) -> Result<bool> {
+        self.check_open()?;
         let present = |r: Result<bool>| r.map(|b| b.then_some(()));
         self.first(
             async { present(self.kv().has(key).await) },
@@ -80,6 +84,7 @@ impl Store {
 
     /// Size and tier from the cheap length probe; never loads the value.
     pub async fn stat(&self, key: &Key) -> Result<Option<EntryMeta>> {
+        self.check_open()?;
         Ok(self
             .first(self.kv().size(key), |l| l.size(key))
             .await?
@@ -92,6 +97,9 @@ impl Store {
 
     /// Every key in the pool, ascending, each once, streamed.
     pub fn list(&self) -> KeyStream<'_> {
+        if let Err(e) = self.check_open() {
+            return Box::pin(futures::stream::once(async { Err(e) }));
+        }
         self.inner.pool.list()
     }
 }

@@ -19,6 +19,7 @@ async fn tier_usage(engine: Arc<dyn Backend>) -> Result<TierUsage> {
 impl Store {
     /// Entries and bytes per tier, and the arbiter's staged and root counts.
     pub async fn usage(&self) -> Result<Usage> {
+        self.check_open()?;
         let kv = tier_usage(self.kv().clone()).await?;
         let large = match self.large() {
             Some(l) => Some(tier_usage(l.clone() as Arc<dyn Backend>).await?),

@@ -113,6 +113,7 @@ impl Store {
     /// Like [`Store::get`], re-hashing the bytes: corruption is
     /// [`Error::Corrupt`], blaming the engine that answered.
     pub async fn get_verified(&self, key: &Key) -> Result<Option<Bytes>> {
+        self.check_open()?;
         let Some((v, tier)) = self.first(self.kv().get(key), |l| l.get(key)).await? else {
             return Ok(None);
         };
@@ -152,6 +153,7 @@ impl Store {
 
     /// [`Store::verify`] with a progress callback.
     pub async fn verify_with(&self, progress: impl Fn(VerifyProgress)) -> Result<VerifyReport> {
+        self.check_open()?;
         let mut report = VerifyReport::default();
         let tiers = std::iter::once(Tier::Kv).chain(self.large().map(|_| Tier::Large));
         for tier in tiers {

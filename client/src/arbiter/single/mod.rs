@@ -77,9 +77,15 @@ impl SingleNodeArbiter {
     }
 
     /// Staged rows and roots durable in the kv engine's own SQLite database:
-    /// the engine clears a re-put key's staged row in its put transaction.
-    /// Only for a store whose kv engine is `kv_engine`.
-    pub fn sqlite(kv_engine: &crate::backend::sqlite::SqliteBackend, window: Duration) -> Self {
+    /// the engine clears a re-put key's staged row in its put transaction,
+    /// so [`Arbiter::published`] skips kv keys. Sound only when `kv_engine`
+    /// *is* the store's kv engine, which is why only the builder (its
+    /// `sqlite` pairing) may call it. [`SingleNodeArbiter::with_tables`] over
+    /// [`SqliteTables`] is the public form: durable, and it unstages itself.
+    pub(crate) fn sqlite(
+        kv_engine: &crate::backend::sqlite::SqliteBackend,
+        window: Duration,
+    ) -> Self {
         let mut arb =
             SingleNodeArbiter::with_tables(Arc::new(SqliteTables::attach(kv_engine)), window);
         arb.kv_clears_staged = true;

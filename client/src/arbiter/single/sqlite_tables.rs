@@ -22,8 +22,9 @@ pub struct SqliteTables {
 }
 
 impl SqliteTables {
-    /// The tables of `db`'s database. From now on a put on `db` clears its
-    /// key's staged row in the same transaction (see the module docs).
+    /// The tables of `db`'s database. Rows staged through them are cleared
+    /// by a put of their key on `db`, in the put's own transaction (see the
+    /// module docs).
     pub fn attach(db: &SqliteBackend) -> SqliteTables {
         SqliteTables { db: db.clone() }
     }

@@ -101,7 +101,8 @@ enum Command {
         /// A file of extra root keys for this run, one per line.
         #[arg(long = "roots", value_name = "FILE")]
         roots_files: Vec<PathBuf>,
-        /// Delete window for candidates staged by this run (e.g. 0s, 5m).
+        /// Delete window (e.g. 0s, 5m) for candidates this run stages; candidates
+        /// staged earlier with a later deadline are moved to it.
         #[arg(long, value_parser = humantime::parse_duration)]
         window: Option<Duration>,
         /// Report what would be staged; change nothing.

@@ -2,16 +2,13 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use alkblobs::{Key, StagedRow, Store};
-use futures::{Stream, TryStreamExt};
+use alkblobs::{Key, StagedRow};
+use futures::TryStreamExt;
 use serde::Serialize;
 
 use crate::ctx::Ctx;
 use crate::exit::Res;
 use crate::output::list;
-
-/// Rows fetched per call to [`Store::staged`].
-const PAGE: usize = 4096;
 
 /// One candidate, as `--json` prints it.
 #[derive(Serialize)]
@@ -52,26 +49,9 @@ fn due_text(visible_after_ms: Option<i64>) -> String {
 }
 
 /// Every staged row, page by page, in key order.
-fn staged_rows(store: &Store) -> impl Stream<Item = alkblobs::Result<StagedRow>> + '_ {
-    // State: `Some(after)` while there may be more; `None` once a page came
-    // back empty.
-    futures::stream::try_unfold(Some(None), move |after: Option<Option<Key>>| async move {
-        let Some(after) = after else {
-            return Ok::<_, alkblobs::Error>(None);
-        };
-        let rows = store.staged(after, PAGE).await?;
-        let next = rows.last().map(|r| Some(r.key));
-        Ok(Some((
-            futures::stream::iter(rows.into_iter().map(Ok)),
-            next,
-        )))
-    })
-    .try_flatten()
-}
-
 pub async fn staged(ctx: &Ctx) -> Res {
     let store = ctx.open_read().await?;
-    let rows = staged_rows(&store).map_ok(StagedLine::from);
+    let rows = store.staged_all().map_ok(StagedLine::from);
     list(ctx.json, rows, |out, l| {
         writeln!(out, "{}  {}", l.key, l.due)
     })
