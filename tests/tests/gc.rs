@@ -458,6 +458,94 @@ async fn a_put_of_a_key_being_deleted_waits_and_recreates_it() {
     }
 }
 
+/// The same guard on every other put path: a batched put, a verified put,
+/// a streamed put and a file put of a key the executor has claimed each
+/// wait, and recreate the entry. (Pin-before-publish on each path: a path
+/// that pinned after publishing would report `Existed` for content the
+/// executor then deletes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_put_path_waits_for_a_delete_in_flight_and_recreates_it() {
+    #[derive(Clone, Copy, Debug)]
+    enum Path {
+        Many,
+        Verified,
+        Reader,
+        File,
+    }
+    for (i, path) in [Path::Many, Path::Verified, Path::Reader, Path::File]
+        .into_iter()
+        .enumerate()
+    {
+        for case in cases(Duration::ZERO).await {
+            let s = case.store.clone();
+            // Streamed paths put a large blob, the others a small one.
+            let size = match path {
+                Path::Reader | Path::File => 10_000,
+                _ => 3000,
+            };
+            let seed = 500 + i as u64;
+            let k = put_garbage(&s, seed, size).await;
+            let file = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(file.path(), data(seed, size)).unwrap();
+            let file_path = file.path().to_owned();
+            let (tx, rx) = oneshot::channel();
+            let tx = Arc::new(std::sync::Mutex::new(Some(tx)));
+            let s2 = s.clone();
+            let opts = zero().hook(move |phase| {
+                let (s, tx, file_path) = (s2.clone(), tx.clone(), file_path.clone());
+                Box::pin(async move {
+                    if phase == SweepPhase::Claimed {
+                        let put = tokio::spawn(async move {
+                            let bytes = data(seed, size);
+                            match path {
+                                Path::Many => {
+                                    let m = s.put_many([bytes]).await.unwrap();
+                                    (m.entries[0].outcome, m.pin)
+                                }
+                                Path::Verified => {
+                                    let p = s.put_verified(&Key::of(&bytes), bytes).await.unwrap();
+                                    (p.outcome, p.pin)
+                                }
+                                Path::Reader => {
+                                    let p = s.put_reader(&bytes[..]).await.unwrap();
+                                    (p.outcome, p.pin)
+                                }
+                                Path::File => {
+                                    let p = s.put_file(&file_path).await.unwrap();
+                                    (p.outcome, p.pin)
+                                }
+                            }
+                        });
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        assert!(
+                            !put.is_finished(),
+                            "{path:?}: a pin of a claimed key must wait"
+                        );
+                        if let Some(tx) = tx.lock().unwrap().take() {
+                            let _ = tx.send(put);
+                        }
+                    }
+                })
+            });
+            let r = s.sweep(opts).await.unwrap();
+            assert_eq!(r.deleted, 1, "{} {path:?}", case.name);
+            let (outcome, _pin) = rx.await.unwrap().await.unwrap();
+            assert_eq!(
+                outcome,
+                PutOutcome::Created,
+                "{} {path:?}: the put must recreate it",
+                case.name
+            );
+            assert!(
+                s.has(&k).await.unwrap(),
+                "{} {path:?}: a pinned put result was deleted",
+                case.name
+            );
+            assert_eq!(s.get_verified(&k).await.unwrap().unwrap(), data(seed, size));
+        }
+    }
+}
+
 /// Guard: a put clears its key's staged row, restarting the window. A key
 /// staged by one sweep and re-put is not executed on the stale staging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
