@@ -1,5 +1,7 @@
 //! The `alkblobs` binary, driven as a user would: output shapes and exit
 //! codes.
+//! (One binary driven end to end, case after case; long because each case
+//! sets up its own store.)
 
 use std::path::Path;
 use std::process::{Command, Output};

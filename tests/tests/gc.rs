@@ -1,6 +1,8 @@
 //! Single-node GC: the protocol's behaviour, and tests that try to break its
 //! invariant. Each race test names the guard it exercises; removing that
 //! guard makes it fail (see docs/design.md, "How the guards are tested").
+//! (One file, so the guard-by-guard mutation table points into one place;
+//! that is why it is long.)
 
 use std::collections::HashSet;
 use std::sync::Arc;
