@@ -93,6 +93,55 @@ fn main() {
         };
         paired("put 4 KiB", "Store::put", "INSERT", r, &mut a, &mut b);
 
+        if durability == Durability::Durable {
+            // Group commit: 16 tasks putting concurrently share commits and
+            // fsyncs; the baseline is the same store with one task putting
+            // the same number of blobs in sequence.
+            let n = 4 * per_block;
+            let mut a = |lat: &mut Lat| {
+                let batches: Vec<Vec<Bytes>> = (0..16)
+                    .map(|_| (0..n / 16).map(|_| Bytes::from(next(4096))).collect())
+                    .collect();
+                let s = store.clone();
+                let t = std::time::Instant::now();
+                rt.block_on(async move {
+                    let tasks: Vec<_> = batches
+                        .into_iter()
+                        .map(|vals| {
+                            let s = s.clone();
+                            tokio::spawn(async move {
+                                for v in vals {
+                                    drop(s.put(v).await.unwrap());
+                                }
+                            })
+                        })
+                        .collect();
+                    for t in tasks {
+                        t.await.unwrap();
+                    }
+                });
+                lat.record(t.elapsed() / (n as u32));
+                (n, n * 4096)
+            };
+            let mut b = |lat: &mut Lat| {
+                let ops: Vec<_> = (0..n)
+                    .map(|_| {
+                        let (s, v) = (store.clone(), Bytes::from(next(4096)));
+                        move || async move { drop(s.put(v).await.unwrap()) }
+                    })
+                    .collect();
+                (on_worker(&rt, lat, ops), n * 4096)
+            };
+            paired(
+                "put 4 KiB, 16 tasks vs 1 (group commit)",
+                "16 concurrent tasks",
+                "1 task",
+                r.min(8),
+                &mut a,
+                &mut b,
+            );
+        }
+
         // put_many 10,000 x 1 KiB in one transaction.
         let mut a = |lat: &mut Lat| {
             let (s, vals): (Store, Vec<Vec<u8>>) =

@@ -166,6 +166,8 @@ pub(crate) struct Inner {
     opts: SqliteOptions,
     readers: Mutex<Vec<Connection>>,
     closed: std::sync::atomic::AtomicBool,
+    /// Durable puts waiting for the next group commit (see `put`).
+    pending: Mutex<Vec<PendingPut>>,
     writer: Option<Mutex<Option<Writer>>>,
     /// The instance lock; released by `close` (or on drop).
     lock: Mutex<Option<InstanceLock>>,
@@ -215,7 +217,7 @@ pub(crate) fn key_from_row(bytes: Vec<u8>) -> rusqlite::Result<Key> {
 }
 
 impl Inner {
-    fn fail(&self, action: &'static str, e: rusqlite::Error) -> Error {
+    pub(crate) fn fail(&self, action: &'static str, e: rusqlite::Error) -> Error {
         let err = if is_busy(&e) {
             SqliteError::Locked {
                 action,
@@ -374,6 +376,7 @@ impl SqliteBackend {
             opts,
             readers: Mutex::new(Vec::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
+            pending: Mutex::new(Vec::new()),
             writer,
             lock: Mutex::new(lock),
         };
@@ -437,6 +440,42 @@ impl SqliteBackend {
         .await
     }
 
+    async fn put_grouped(&self, key: Key, value: Bytes) -> Result<PutOutcome> {
+        if self.inner.writer.is_none() {
+            return Err(Error::ReadOnly {
+                engine: self.inner.display.clone(),
+                action: "insert an entry",
+            });
+        }
+        let (done, answer) = tokio::sync::oneshot::channel();
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(PendingPut { key, value, done });
+        let inner = self.inner.clone();
+        self.write("insert an entry", move |w| {
+            // Whatever queued while the previous holder committed goes in
+            // this group (ours included, unless a previous group took it).
+            let group =
+                std::mem::take(&mut *inner.pending.lock().unwrap_or_else(|p| p.into_inner()));
+            if group.is_empty() {
+                return Ok(());
+            }
+            commit_group(w, group)
+        })
+        .await?;
+        match answer.await {
+            Ok(r) => r.map_err(|e| self.inner.fail("insert an entry", e)),
+            // The group holding our row was dropped unanswered (its holder
+            // failed before committing): nothing of ours was written.
+            Err(_) => Err(Error::engine(
+                &self.inner.display,
+                "unable to insert an entry: its group commit was abandoned",
+            )),
+        }
+    }
+
     /// Overwrites a stored value in place, behind the contract's back, to
     /// simulate bit rot. Test support only.
     #[doc(hidden)]
@@ -465,6 +504,67 @@ impl fmt::Debug for SqliteBackend {
 impl fmt::Display for SqliteBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.inner.display)
+    }
+}
+
+/// A durable put queued for the next group commit.
+struct PendingPut {
+    key: Key,
+    value: Bytes,
+    done: tokio::sync::oneshot::Sender<rusqlite::Result<PutOutcome>>,
+}
+
+/// Commits every queued put in one transaction and one fsync, answering
+/// each caller only after that commit. If the shared transaction fails,
+/// each put is retried in a transaction of its own so that every caller
+/// gets its own outcome (one bad row never fails its neighbours).
+fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> rusqlite::Result<()> {
+    let batch = (|| {
+        let tx = w
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let outs = group
+            .iter()
+            .map(|p| put_in_tx(&tx, &mut w.next_vid, w.staged_nonempty, &p.key, &p.value))
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        tx.commit()?;
+        Ok::<_, rusqlite::Error>(outs)
+    })();
+    match batch {
+        Ok(outs) => {
+            for (p, out) in group.into_iter().zip(outs) {
+                let _ = p.done.send(Ok(out));
+            }
+        }
+        Err(_) if group.len() > 1 => {
+            for p in group {
+                let one = (|| {
+                    let tx = w
+                        .conn
+                        .transaction_with_behavior(TransactionBehavior::Immediate)?;
+                    let out = put_in_tx(&tx, &mut w.next_vid, w.staged_nonempty, &p.key, &p.value)?;
+                    tx.commit()?;
+                    Ok(out)
+                })();
+                let _ = p.done.send(one);
+            }
+        }
+        Err(e) => {
+            for p in group {
+                let _ = p.done.send(Err(clone_error(&e)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// rusqlite errors are not `Clone`; keep the code and the message.
+fn clone_error(e: &rusqlite::Error) -> rusqlite::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(code, msg) => {
+            rusqlite::Error::SqliteFailure(*code, msg.clone().or_else(|| Some(e.to_string())))
+        }
+        other => rusqlite::Error::ToSqlConversionFailure(other.to_string().into()),
     }
 }
 
@@ -554,7 +654,16 @@ impl Backend for SqliteBackend {
         .map(|o| o.map(Bytes::from))
     }
 
+    /// Durable puts use group commit: a put queues its row and takes the
+    /// writer; whichever put holds the writer commits every queued row in
+    /// one transaction and one fsync, and each caller returns only after the
+    /// commit that holds its row. A lone caller commits its own row at once
+    /// (the same single transaction as before); concurrent callers share
+    /// fsyncs. Relaxed puts, whose commits cost no fsync, commit one by one.
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
+        if self.inner.opts.durability == Durability::Durable {
+            return self.put_grouped(*key, value).await;
+        }
         let k = *key;
         self.write("insert an entry", move |w| {
             let tx = w
