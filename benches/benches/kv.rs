@@ -98,9 +98,14 @@ fn main() {
             // fsyncs; the baseline is the same store with one task putting
             // the same number of blobs in sequence.
             let n = 4 * per_block;
+            let mut seed_c = 1u64 << 50;
+            let mut fresh = move || {
+                seed_c += 1;
+                Bytes::from(data(seed_c, 4096))
+            };
             let mut a = |lat: &mut Lat| {
                 let batches: Vec<Vec<Bytes>> = (0..16)
-                    .map(|_| (0..n / 16).map(|_| Bytes::from(next(4096))).collect())
+                    .map(|_| (0..n / 16).map(|_| fresh()).collect())
                     .collect();
                 let s = store.clone();
                 let t = std::time::Instant::now();
@@ -123,10 +128,12 @@ fn main() {
                 lat.record(t.elapsed() / (n as u32));
                 (n, n * 4096)
             };
+            let mut seed_d = 1u64 << 51;
             let mut b = |lat: &mut Lat| {
                 let ops: Vec<_> = (0..n)
                     .map(|_| {
-                        let (s, v) = (store.clone(), Bytes::from(next(4096)));
+                        seed_d += 1;
+                        let (s, v) = (store.clone(), Bytes::from(data(seed_d, 4096)));
                         move || async move { drop(s.put(v).await.unwrap()) }
                     })
                     .collect();
