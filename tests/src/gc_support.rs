@@ -70,6 +70,30 @@ pub async fn sqlite_local(window: Duration) -> Case {
     }
 }
 
+/// sqlite + local with durable commits: sqlite's puts then go through
+/// group commit (several concurrent puts share one transaction).
+pub async fn sqlite_local_durable(window: Duration) -> Case {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = SqliteBackend::open(dir.path().join("index.sqlite"), SqliteOptions::default())
+        .await
+        .unwrap();
+    let large = LocalBackend::open(dir.path().join("large"), LocalOptions::default())
+        .await
+        .unwrap();
+    let store = Store::builder()
+        .sqlite(kv)
+        .large(large)
+        .threshold(4096)
+        .delete_window(window)
+        .build()
+        .unwrap();
+    Case {
+        name: "sqlite+local (durable, group commit)",
+        store,
+        dir: Some(dir),
+    }
+}
+
 /// Opens sqlite + local under `dir`.
 pub async fn open_sqlite_local(dir: &std::path::Path, window: Duration) -> Store {
     let kv = SqliteBackend::open(

@@ -13,7 +13,7 @@ use alkblobs::{
     BoxError, Error, GcAbortCause, Key, LiveSet, PutOutcome, Store, SweepOptions, SweepPhase,
 };
 use alkblobs_tests::data;
-use alkblobs_tests::gc_support::{Live, cases, sqlite_local};
+use alkblobs_tests::gc_support::{Live, cases, sqlite_local, sqlite_local_durable};
 use futures::TryStreamExt;
 use tokio::sync::{Notify, oneshot};
 
@@ -640,10 +640,13 @@ async fn the_inline_window_rechecks_after_waiting() {
 /// Many writers put (deduplicating onto each other), record in liveness,
 /// let go, sometimes forget keys; a sweeper loops with a zero window; a
 /// checker asserts that every key that is pinned or live exists. Thousands
-/// of iterations across all configurations.
+/// of iterations across all configurations, including durable sqlite, whose
+/// concurrent puts are group-committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn puts_racing_sweeps_never_lose_a_protected_key() {
-    for case in cases(Duration::ZERO).await {
+    let mut all = cases(Duration::ZERO).await;
+    all.push(sqlite_local_durable(Duration::ZERO).await);
+    for case in all {
         let s = case.store.clone();
         let live = Live::default();
         live.register(&s, "index");

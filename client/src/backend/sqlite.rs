@@ -167,7 +167,7 @@ pub(crate) struct Inner {
     readers: Mutex<Vec<Connection>>,
     closed: std::sync::atomic::AtomicBool,
     /// Durable puts waiting for the next group commit (see `put`).
-    pending: Mutex<Vec<PendingPut>>,
+    group: Mutex<Group>,
     writer: Option<Mutex<Option<Writer>>>,
     /// The instance lock; released by `close` (or on drop).
     lock: Mutex<Option<InstanceLock>>,
@@ -263,6 +263,11 @@ impl Inner {
         if pool.len() < 16 && !self.closed.load(std::sync::atomic::Ordering::Acquire) {
             pool.push(conn);
         }
+    }
+
+    fn group(&self) -> std::sync::MutexGuard<'_, Group> {
+        // Every critical section is a push, a take or a flag flip.
+        self.group.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Checkpoints and closes every connection; see the module docs.
@@ -376,7 +381,7 @@ impl SqliteBackend {
             opts,
             readers: Mutex::new(Vec::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
-            pending: Mutex::new(Vec::new()),
+            group: Mutex::new(Group::default()),
             writer,
             lock: Mutex::new(lock),
         };
@@ -440,6 +445,10 @@ impl SqliteBackend {
         .await
     }
 
+    /// See [`Backend::put`] on this engine: queue the row; if no commit is
+    /// being led, lead one (commit everything queued, then hand the lead to
+    /// a background task if more queued meanwhile); else wait, without
+    /// holding a thread, for the leader's answer.
     async fn put_grouped(&self, key: Key, value: Bytes) -> Result<PutOutcome> {
         if self.inner.writer.is_none() {
             return Err(Error::ReadOnly {
@@ -448,32 +457,70 @@ impl SqliteBackend {
             });
         }
         let (done, answer) = tokio::sync::oneshot::channel();
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(PendingPut { key, value, done });
-        let inner = self.inner.clone();
-        self.write("insert an entry", move |w| {
-            // Whatever queued while the previous holder committed goes in
-            // this group (ours included, unless a previous group took it).
-            let group =
-                std::mem::take(&mut *inner.pending.lock().unwrap_or_else(|p| p.into_inner()));
-            if group.is_empty() {
-                return Ok(());
-            }
-            commit_group(w, group)
-        })
-        .await?;
+        let lead = {
+            let mut g = self.inner.group();
+            g.pending.push(PendingPut { key, value, done });
+            !std::mem::replace(&mut g.leading, true)
+        };
+        if lead {
+            // Hands the lead on however this future ends (even cancelled).
+            let _lead = LeadGuard(self);
+            // Our row is queued and no other leader exists, so this group
+            // holds it.
+            self.commit_queued().await;
+        }
         match answer.await {
             Ok(r) => r.map_err(|e| self.inner.fail("insert an entry", e)),
-            // The group holding our row was dropped unanswered (its holder
-            // failed before committing): nothing of ours was written.
+            // The group holding our row was dropped unanswered (the engine
+            // was closed first): nothing of ours was written.
             Err(_) => Err(Error::engine(
                 &self.inner.display,
-                "unable to insert an entry: its group commit was abandoned",
+                "unable to insert an entry: the engine was closed before its commit",
             )),
         }
+    }
+
+    /// Commits one group: everything queued now. A failure to reach the
+    /// writer (a closed engine) drops the group, which answers its callers.
+    async fn commit_queued(&self) {
+        let group = std::mem::take(&mut self.inner.group().pending);
+        if group.is_empty() {
+            return;
+        }
+        let _ = self
+            .write("insert an entry", move |w| commit_group(w, group))
+            .await;
+    }
+
+    /// Ends a lead: if rows queued meanwhile, a background task leads on
+    /// (commits until the queue is empty); otherwise the next put leads.
+    fn hand_off(&self) {
+        let mut g = self.inner.group();
+        if g.pending.is_empty() {
+            g.leading = false;
+            return;
+        }
+        drop(g);
+        let handle = tokio::runtime::Handle::try_current();
+        let Ok(handle) = handle else {
+            // No runtime to lead on: answer the queued callers with an error
+            // rather than leave them waiting.
+            let mut g = self.inner.group();
+            g.pending.clear();
+            g.leading = false;
+            return;
+        };
+        let db = self.clone();
+        handle.spawn(async move {
+            loop {
+                db.commit_queued().await;
+                let mut g = db.inner.group();
+                if g.pending.is_empty() {
+                    g.leading = false;
+                    return;
+                }
+            }
+        });
     }
 
     /// Overwrites a stored value in place, behind the contract's back, to
@@ -504,6 +551,22 @@ impl fmt::Debug for SqliteBackend {
 impl fmt::Display for SqliteBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.inner.display)
+    }
+}
+
+/// The group-commit queue: rows waiting, and whether a commit is being led.
+#[derive(Default)]
+struct Group {
+    pending: Vec<PendingPut>,
+    leading: bool,
+}
+
+/// Hands the lead on when the leading put's future ends.
+struct LeadGuard<'a>(&'a SqliteBackend);
+
+impl Drop for LeadGuard<'_> {
+    fn drop(&mut self) {
+        self.0.hand_off();
     }
 }
 
