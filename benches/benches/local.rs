@@ -116,5 +116,95 @@ fn main() {
         );
         probes.take(&format!("after {label}"), dir.path());
     }
+    file_import(&rt, dir.path(), &mut probes);
     probes.verdict();
+}
+
+/// The raw pipeline a large put cannot beat: read the source once, hash it,
+/// write it once to a staging file and rename it into place (no fsync:
+/// compared with the relaxed store).
+fn raw_import(src: &std::path::Path, dst_dir: &std::path::Path) -> Key {
+    use std::io::Read;
+    let mut input = std::fs::File::open(src).unwrap();
+    let tmp = dst_dir.join("import.tmp");
+    let mut out = std::fs::File::create(&tmp).unwrap();
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = input.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n]).unwrap();
+    }
+    drop(out);
+    let key = Key::from_hash(hasher.finalize());
+    std::fs::rename(&tmp, dst_dir.join(key.to_string())).unwrap();
+    key
+}
+
+/// 64 MiB file imports: relaxed `Store::put_file` against `raw_import`, the
+/// page cache warm for the source on both sides.
+fn file_import(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    probes: &mut alkblobs_benches::Probes,
+) {
+    const SIZE: usize = 64 << 20;
+    header("64 MiB file import, relaxed (no fsync on either side)");
+    let store = rt
+        .block_on(Store::open_dir_with(
+            dir.join("import-store"),
+            alkblobs::DirOptions::new().relaxed(),
+        ))
+        .unwrap();
+    let raw_dir = dir.join("import-raw");
+    std::fs::create_dir_all(&raw_dir).unwrap();
+    let src_dir = dir.join("import-src");
+    std::fs::create_dir_all(&src_dir).unwrap();
+    // Distinct sources per round (else puts dedup), written outside timing.
+    let counter = std::cell::Cell::new(0u64);
+    let make_src = || {
+        counter.set(counter.get() + 1);
+        let counter = counter.get();
+        let mut v = data(1 << 33, SIZE);
+        v[..8].copy_from_slice(&counter.to_le_bytes());
+        let p = src_dir.join(format!("src{counter}"));
+        std::fs::write(&p, &v).unwrap();
+        (p, Key::of(&v))
+    };
+    let mut a = |lat: &mut Lat| {
+        let (src, key) = make_src();
+        let s = store.clone();
+        let p = src.clone();
+        on_worker(
+            rt,
+            lat,
+            vec![move || async move {
+                let put = s.put_file(&p).await.unwrap();
+                assert_eq!(put.key, key);
+            }],
+        );
+        rt.block_on(store.large().unwrap().delete(&key)).unwrap();
+        std::fs::remove_file(src).unwrap();
+        (1, SIZE as u64)
+    };
+    let mut b = |lat: &mut Lat| {
+        let (src, key) = make_src();
+        let got = lat.time(|| raw_import(&src, &raw_dir));
+        assert_eq!(got, key);
+        std::fs::remove_file(raw_dir.join(key.to_string())).unwrap();
+        std::fs::remove_file(src).unwrap();
+        (1, SIZE as u64)
+    };
+    paired(
+        "put_file 64 MiB",
+        "Store::put_file (relaxed)",
+        "read+hash+write+rename",
+        rounds(12),
+        &mut a,
+        &mut b,
+    );
+    probes.take("after 64 MiB imports", dir);
 }

@@ -15,6 +15,21 @@ use crate::{Error, Key, Result};
 /// Above this size, hashing a buffer moves off the async worker threads.
 const HASH_INLINE_MAX: usize = 256 * 1024;
 
+/// Reads up to one [`CHUNK`] (less only at the end of the stream).
+async fn read_chunk<R: AsyncRead + Unpin>(reader: &mut R) -> std::io::Result<BytesMut> {
+    let mut buf = BytesMut::with_capacity(CHUNK);
+    while buf.len() < CHUNK {
+        let n = reader
+            .take((CHUNK - buf.len()) as u64)
+            .read_buf(&mut buf)
+            .await?;
+        if n == 0 {
+            break;
+        }
+    }
+    Ok(buf)
+}
+
 /// Hashes a buffer, off the async workers when it is big.
 pub(crate) async fn hash(bytes: &Bytes) -> Key {
     if bytes.len() <= HASH_INLINE_MAX {
@@ -218,23 +233,41 @@ impl Store {
                 });
             };
             let mut writer = large.begin_write().await?;
+            // Three stages overlap per chunk: it is hashed (on a blocking
+            // thread when big) and written while the next chunk is read.
+            // Bytes are read once and copied into the engine's writes
+            // without a second pass over the source.
             let mut hasher = blake3::Hasher::new();
             let mut chunk = head.freeze();
             let streamed: Result<()> = async {
                 loop {
-                    hasher.update(&chunk);
-                    writer.write(chunk).await?;
-                    let mut buf = BytesMut::with_capacity(CHUNK);
-                    while buf.len() < CHUNK {
-                        let n = (&mut reader)
-                            .take((CHUNK - buf.len()) as u64)
-                            .read_buf(&mut buf)
-                            .await
-                            .map_err(input)?;
-                        if n == 0 {
-                            break;
-                        }
+                    let hashing = if chunk.len() > HASH_INLINE_MAX {
+                        let (mut h, c) = (std::mem::take(&mut hasher), chunk.clone());
+                        Some(tokio::task::spawn_blocking(move || {
+                            h.update(&c);
+                            h
+                        }))
+                    } else {
+                        hasher.update(&chunk);
+                        None
+                    };
+                    let (written, next) =
+                        futures::join!(writer.write(chunk.clone()), read_chunk(&mut reader));
+                    if let Some(task) = hashing {
+                        hasher = match task.await {
+                            Ok(h) => h,
+                            // The hashing thread panicked: nothing is
+                            // published (the caller's `?` aborts the write).
+                            Err(e) => {
+                                return Err(Error::engine(
+                                    "blake3",
+                                    format!("the hashing task of a streaming put failed: {e}"),
+                                ));
+                            }
+                        };
                     }
+                    written?;
+                    let buf = next.map_err(input)?;
                     if buf.is_empty() {
                         return Ok(());
                     }
