@@ -458,3 +458,31 @@ fn get_to_a_file_leaves_no_temp_file_on_any_failure() {
     assert_eq!(code(&o), 4, "{}", stderr(&o));
     assert_eq!(entries(&out), before, "the corrupt read left a file behind");
 }
+
+/// Deterministic form of the listing race: a key that `list` yields but
+/// that is gone when `ls --long` asks for its size (here a dangling link in
+/// the blob tree, listed first) is skipped, and the JSON stays valid. The
+/// old hand-built output printed `[,` in exactly this case.
+#[test]
+fn ls_long_json_is_valid_when_the_first_listed_key_has_vanished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("a"), vec![7u8; 200_000]).unwrap();
+    let kept = ok(d, &["put", "a"]).trim().to_owned();
+    let ghost = "0".repeat(64);
+    std::os::unix::fs::symlink(
+        d.join("nowhere"),
+        d.join("data/large/blobs/00").join(&ghost),
+    )
+    .unwrap();
+    for args in [&["ls", "--long", "--json"][..], &["ls", "--json"][..]] {
+        let out = ok(d, args);
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"));
+        let text = v.to_string();
+        assert!(text.contains(&kept), "{args:?}: {text}");
+    }
+    let long: serde_json::Value =
+        serde_json::from_str(&ok(d, &["ls", "--long", "--json"])).unwrap();
+    assert_eq!(long.as_array().unwrap().len(), 1, "the vanished key is skipped");
+}
