@@ -25,6 +25,8 @@ async fn objects(c: &tokio_postgres::Client, pool: &str) -> i64 {
 async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches() {
     let c = connect().await;
     let pool = pool(&c, "lo-100k", "0 seconds", "60 seconds").await;
+    // The objects belong to alkblobs_owner, as every upload's does.
+    c.batch_execute("SET ROLE alkblobs_owner").await.unwrap();
     c.execute(
         "INSERT INTO alkblobs.entries (pool, key, size, tier, loid)
          SELECT p.id, alkblobs_key(int8send(g)), 8, 'lo', lo_from_bytea(0, int8send(g))
@@ -33,6 +35,7 @@ async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches(
     )
     .await
     .unwrap();
+    c.batch_execute("RESET ROLE").await.unwrap();
     assert_eq!(objects(&c, &pool).await, 100_000);
 
     // One unbounded transaction cannot hold 100k lo_unlink locks.

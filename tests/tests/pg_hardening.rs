@@ -1,0 +1,1126 @@
+//! Issue 8's defects, each as a test over real connections that failed on
+//! the extension before the hardening and passes now (docs/design.md §4
+//! lists which guard each one covers and the mutation runs against it).
+//! Roles are real LOGIN roles (the test cluster trusts loopback), so the
+//! identity the extension sees is the one an attacker would have.
+
+use std::time::Duration;
+
+use alkblobs_tests::pg::{
+    connect, connect_as, exists, grant_pool, key, login_role, pid, pool, sqlstate, waits_on_lock,
+};
+use tokio_postgres::Client;
+
+async fn put(c: &Client, pool: &str, value: &[u8], owner: &str) -> bool {
+    c.query_one(
+        "SELECT alkblobs_put($1, $2, $3, $4)",
+        &[&pool, &key(value), &value, &owner],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// An unprotected entry: put, then unpinned.
+async fn garbage(c: &Client, pool: &str, value: &[u8]) -> Vec<u8> {
+    put(c, pool, value, "setup").await;
+    c.query_one(
+        "SELECT alkblobs_unpin($1, $2, 'setup')",
+        &[&pool, &key(value)],
+    )
+    .await
+    .unwrap();
+    key(value)
+}
+
+/// (deleted, aborted) of one sweep call, or its SQLSTATE.
+async fn try_sweep(c: &Client, pool: &str) -> Result<(i64, Option<String>), String> {
+    c.query_one("SELECT deleted, aborted FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .map_err(|e| sqlstate(&e))
+}
+
+/// Starts an upload (the pool-less form is the one from before the
+/// hardening, so that these tests also run against it).
+async fn lo_create(c: &Client, pool: &str) -> u32 {
+    let with_pool: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_proc WHERE proname = 'alkblobs_lo_create' AND pronargs = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let row = if with_pool == 1 {
+        c.query_one("SELECT alkblobs_lo_create($1)", &[&pool]).await
+    } else {
+        c.query_one("SELECT alkblobs_lo_create()", &[]).await
+    };
+    row.unwrap().get(0)
+}
+
+fn table_name(pool: &str, suffix: &str) -> String {
+    format!("{}_{suffix}", pool.replace(['-', '.', ':'], "_"))
+}
+
+async fn register(c: &Client, pool: &str, table: &str) {
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+}
+
+async fn is_superuser(c: &Client, role: &str) -> bool {
+    c.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = $1", &[&role])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Every key named in `table` is present in `pool`.
+async fn all_named_keys_present(c: &Client, pool: &str, table: &str) -> bool {
+    let rows = c
+        .query(&format!("SELECT key FROM {table}"), &[])
+        .await
+        .unwrap();
+    for r in rows {
+        let k: Vec<u8> = r.get(0);
+        if !exists(c, pool, &k).await {
+            return false;
+        }
+    }
+    true
+}
+
+// 1. Privilege escalation through a registered table ---------------------------
+
+/// The owner of a registered table drops the guard, retypes `key` to a type
+/// with an implicit cast to bytea whose function makes its caller's target
+/// a superuser, and asks the extension to read the table. Then the same
+/// with the table turned into a view over a function. Nothing may run as a
+/// superuser, and every use refuses the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_tables_owner_cannot_become_superuser() {
+    let su = connect().await;
+    let evil = login_role(&su, "evil", "alkblobs_admin").await;
+    let e = connect_as(&evil).await;
+    let pool = pool(&e, "escalate", "0 seconds", "60 seconds").await;
+    let table = table_name(&pool, "live");
+    e.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    register(&e, &pool, &table).await;
+    let k = garbage(&e, &pool, b"escalation bait").await;
+    e.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+    // The attack: a composite type with an implicit cast whose function
+    // grants SUPERUSER to the attacker when run by a superuser.
+    let ty = format!("{table}_t");
+    e.batch_execute(&format!(
+        "DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON {table};
+         CREATE TYPE {ty} AS (b bytea);
+         CREATE FUNCTION {ty}_cast({ty}) RETURNS bytea LANGUAGE plpgsql AS $f$
+         BEGIN
+             BEGIN EXECUTE 'ALTER ROLE {evil} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+             RETURN $1.b;
+         END $f$;
+         CREATE CAST ({ty} AS bytea) WITH FUNCTION {ty}_cast({ty}) AS IMPLICIT;
+         ALTER TABLE {table} ALTER COLUMN key TYPE {ty} USING ROW(key)::{ty};"
+    ))
+    .await
+    .unwrap();
+    let swept = try_sweep(&e, &pool).await;
+    assert!(
+        !is_superuser(&su, &evil).await,
+        "the sweep ran the cast as a superuser"
+    );
+    assert_eq!(
+        swept,
+        Ok((0, Some("liveness_table_invalid".into()))),
+        "the sweep must refuse the retyped table"
+    );
+    let explained = e
+        .query(
+            "SELECT detail FROM alkblobs_explain($1, $2) WHERE aspect = 'liveness'",
+            &[&pool, &k],
+        )
+        .await;
+    assert!(
+        !is_superuser(&su, &evil).await,
+        "explain ran the cast as a superuser"
+    );
+    let detail: String = explained.unwrap()[0].get(0);
+    assert!(detail.contains("REFUSED"), "{detail}");
+    let staged = e
+        .query_one("SELECT alkblobs_stage($1, ARRAY[$2::bytea])", &[&pool, &k])
+        .await;
+    assert!(
+        !is_superuser(&su, &evil).await,
+        "stage ran the cast as a superuser"
+    );
+    assert_eq!(
+        staged.map(|_| ()).map_err(|e| sqlstate(&e)),
+        Err("AB004".into())
+    );
+    assert!(exists(&su, &pool, &k).await);
+
+    // The same table turned into a view whose key column calls the function.
+    let t2 = table_name(&pool, "view");
+    e.batch_execute(&format!(
+        "CREATE TABLE {t2} (key bytea PRIMARY KEY);
+         CREATE FUNCTION {t2}_f() RETURNS bytea LANGUAGE plpgsql AS $f$
+         BEGIN
+             BEGIN EXECUTE 'ALTER ROLE {evil} SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+             RETURN NULL;
+         END $f$;"
+    ))
+    .await
+    .unwrap();
+    register(&e, &pool, &t2).await;
+    e.batch_execute(&format!(
+        "ALTER TABLE {table} ALTER COLUMN key TYPE bytea USING (key).b;
+         DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON {t2};
+         ALTER TABLE {t2} DROP CONSTRAINT {t2}_pkey;"
+    ))
+    .await
+    .unwrap();
+    // (VACUUM clears relhastriggers, which CREATE RULE "_RETURN" checks.)
+    e.batch_execute(&format!("VACUUM {t2}")).await.unwrap();
+    e.batch_execute(&format!(
+        "CREATE RULE \"_RETURN\" AS ON SELECT TO {t2} DO INSTEAD SELECT {t2}_f() AS key;"
+    ))
+    .await
+    .unwrap();
+    let swept = try_sweep(&e, &pool).await;
+    assert!(
+        !is_superuser(&su, &evil).await,
+        "the sweep ran the view's function as a superuser"
+    );
+    assert_eq!(swept, Ok((0, Some("liveness_table_invalid".into()))));
+    let _ = e
+        .query("SELECT * FROM alkblobs_explain($1, $2)", &[&pool, &k])
+        .await;
+    assert!(
+        !is_superuser(&su, &evil).await,
+        "explain ran the view's function as a superuser"
+    );
+    assert!(exists(&su, &pool, &k).await);
+
+    // And no function of the extension runs as a superuser at all.
+    let su_definers: i64 = su
+        .query_one(
+            "SELECT count(*) FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+               JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
+               JOIN pg_roles r ON r.oid = p.proowner
+              WHERE p.prosecdef AND r.rolsuper",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        su_definers, 0,
+        "SECURITY DEFINER functions owned by a superuser"
+    );
+}
+
+/// A registered table dropped by `DROP TYPE … CASCADE` or `DROP EXTENSION`
+/// (not `DROP TABLE`) is unregistered too, so its OID cannot be reused by
+/// another table that then silently counts as a liveness source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_dropped_by_cascade_is_unregistered() {
+    let c = connect().await;
+    let pool = pool(&c, "cascade", "0 seconds", "60 seconds").await;
+    let ty = table_name(&pool, "ty");
+    let t1 = table_name(&pool, "typed");
+    c.batch_execute(&format!(
+        "CREATE TYPE {ty} AS (key bytea); CREATE TABLE {t1} OF {ty}"
+    ))
+    .await
+    .unwrap();
+    register(&c, &pool, &t1).await;
+    c.batch_execute(&format!("DROP TYPE {ty} CASCADE"))
+        .await
+        .unwrap();
+    let t2 = table_name(&pool, "member");
+    c.batch_execute(&format!(
+        "CREATE EXTENSION IF NOT EXISTS tcn; CREATE TABLE {t2} (key bytea PRIMARY KEY)"
+    ))
+    .await
+    .unwrap();
+    register(&c, &pool, &t2).await;
+    c.batch_execute(&format!(
+        "ALTER EXTENSION tcn ADD TABLE {t2}; DROP EXTENSION tcn"
+    ))
+    .await
+    .unwrap();
+    let n: i64 = c
+        .query_one(
+            "SELECT liveness_tables FROM alkblobs_usage WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "registrations of dropped tables must go with them");
+}
+
+// 2. Isolation levels ------------------------------------------------------------
+
+/// A sweeper at REPEATABLE READ or SERIALIZABLE (set per session here; the
+/// same happens through ALTER ROLE/DATABASE) must not delete a key whose
+/// pin committed while it waited: it refuses outright.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweep_outside_read_committed_never_deletes_a_pinned_key() {
+    for level in ["repeatable read", "serializable"] {
+        let obs = connect().await;
+        let p = connect().await;
+        let s = connect().await;
+        let pool = pool(&obs, "iso-sweep", "0 seconds", "60 seconds").await;
+        let k = garbage(&obs, &pool, format!("isolation {level}").as_bytes()).await;
+        s.batch_execute(&format!("SET default_transaction_isolation = '{level}'"))
+            .await
+            .unwrap();
+        p.batch_execute("BEGIN").await.unwrap();
+        p.query_one("SELECT alkblobs_pin($1, $2, 'reader')", &[&pool, &k])
+            .await
+            .unwrap();
+        let pool2 = pool.clone();
+        let sweeper = tokio::spawn(async move { try_sweep(&s, &pool2).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        p.batch_execute("COMMIT").await.unwrap();
+        let r = sweeper.await.unwrap();
+        assert!(
+            exists(&obs, &pool, &k).await,
+            "{level}: the sweep deleted a pinned key ({r:?})"
+        );
+        assert_eq!(r, Err("AB003".into()), "{level}: the sweep must refuse");
+    }
+}
+
+/// The local tier's stage and claim refuse too, and so does explain (it
+/// reads registered tables; its validation needs a fresh catalog view).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stage_claim_and_explain_refuse_outside_read_committed() {
+    let c = connect().await;
+    let pool = pool(&c, "iso-local", "0 seconds", "60 seconds").await;
+    let k = key(b"a file");
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        let e = c
+            .query_one("SELECT alkblobs_stage($1, ARRAY[$2::bytea])", &[&pool, &k])
+            .await
+            .map(|_| ())
+            .map_err(|e| sqlstate(&e));
+        c.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(e, Err("AB003".into()), "stage at {level}");
+        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        let e = c
+            .query("SELECT * FROM alkblobs_claim_local($1)", &[&pool])
+            .await
+            .map(|_| ())
+            .map_err(|e| sqlstate(&e));
+        c.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(e, Err("AB003".into()), "claim_local at {level}");
+        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        let e = c
+            .query("SELECT * FROM alkblobs_explain($1, $2)", &[&pool, &k])
+            .await
+            .map(|_| ())
+            .map_err(|e| sqlstate(&e));
+        c.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(e, Err("AB003".into()), "explain at {level}");
+    }
+}
+
+// 3. The guard locks what the write really names ------------------------------
+
+/// (a) A writer at REPEATABLE READ whose snapshot predates the put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeatable_read_writer_cannot_record_a_key_it_does_not_lock() {
+    let obs = connect().await;
+    let w = connect().await;
+    let pool = pool(&obs, "guard-rr", "0 seconds", "60 seconds").await;
+    let table = table_name(&pool, "live");
+    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    register(&obs, &pool, &table).await;
+    w.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .await
+        .unwrap();
+    let k = garbage(&obs, &pool, b"put after the writer's snapshot").await;
+    let wrote = w
+        .execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&k])
+        .await;
+    let swept = try_sweep(&obs, &pool).await;
+    let committed = match wrote {
+        Ok(_) => w.batch_execute("COMMIT").await.map_err(|e| sqlstate(&e)),
+        Err(e) => {
+            w.batch_execute("ROLLBACK").await.unwrap();
+            Err(sqlstate(&e))
+        }
+    };
+    if committed.is_ok() {
+        assert!(
+            all_named_keys_present(&obs, &pool, &table).await,
+            "a committed liveness row names deleted content (sweep: {swept:?})"
+        );
+    } else {
+        assert!(
+            ["AB002", "40001"].contains(&committed.clone().unwrap_err().as_str()),
+            "{committed:?}"
+        );
+    }
+}
+
+/// Runs `write` (a statement naming `k` in `table`) while an executor that
+/// has already deleted `k` holds its locks, then commits the executor.
+/// Returns the write's outcome; asserts no committed row names gone content.
+async fn write_while_collected(
+    obs: &Client,
+    pool: &str,
+    table: &str,
+    k: &[u8],
+    write: String,
+) -> Result<u64, String> {
+    let s = connect().await;
+    let w = connect().await;
+    s.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(try_sweep(&s, pool).await, Ok((1, None)));
+    let w_pid = pid(&w).await;
+    let k2 = k.to_vec();
+    let writer =
+        tokio::spawn(async move { w.execute(&write, &[&k2]).await.map_err(|e| sqlstate(&e)) });
+    // The write must wait for the executor (or fail at once); give it time.
+    let waited = waits_on_lock(obs, w_pid).await;
+    s.batch_execute("COMMIT").await.unwrap();
+    let r = writer.await.unwrap();
+    assert!(
+        all_named_keys_present(obs, pool, table).await,
+        "a liveness row names deleted content (waited: {waited}, write: {r:?})"
+    );
+    r
+}
+
+/// (b) a STORED generated key and (c) a user BEFORE trigger that sets the
+/// key after the guard ran: the guard must see the final key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_guard_sees_generated_keys_and_keys_set_by_later_triggers() {
+    let obs = connect().await;
+    let pool = pool(&obs, "guard-final", "0 seconds", "60 seconds").await;
+    let generated = table_name(&pool, "gen");
+    obs.batch_execute(&format!(
+        "CREATE TABLE {generated} (hex text, key bytea GENERATED ALWAYS AS (decode(hex, 'hex')) STORED)"
+    ))
+    .await
+    .unwrap();
+    register(&obs, &pool, &generated).await;
+    let k = garbage(&obs, &pool, b"generated key").await;
+    let r = write_while_collected(
+        &obs,
+        &pool,
+        &generated,
+        &k,
+        format!("INSERT INTO {generated} (hex) VALUES (encode($1, 'hex'))"),
+    )
+    .await;
+    assert_eq!(r, Err("AB002".into()));
+
+    let late = table_name(&pool, "late");
+    obs.batch_execute(&format!(
+        "CREATE TABLE {late} (key bytea, hex text);
+         CREATE FUNCTION {late}_set() RETURNS trigger LANGUAGE plpgsql AS $f$
+         BEGIN NEW.key := decode(NEW.hex, 'hex'); RETURN NEW; END $f$;"
+    ))
+    .await
+    .unwrap();
+    register(&obs, &pool, &late).await;
+    obs.batch_execute(&format!(
+        "CREATE TRIGGER zzz_set_key BEFORE INSERT ON {late} FOR EACH ROW EXECUTE FUNCTION {late}_set()"
+    ))
+    .await
+    .unwrap();
+    let k = garbage(&obs, &pool, b"key set by a later trigger").await;
+    let r = write_while_collected(
+        &obs,
+        &pool,
+        &late,
+        &k,
+        format!("INSERT INTO {late} (hex) SELECT encode($1::bytea, 'hex')"),
+    )
+    .await;
+    assert_eq!(r, Err("AB002".into()));
+}
+
+/// (d) INHERITS children: registration refuses a parent with children, and
+/// a child added later makes every sweep refuse the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inheritance_children_are_refused() {
+    let obs = connect().await;
+    let pool = pool(&obs, "guard-inherit", "0 seconds", "60 seconds").await;
+    let parent = table_name(&pool, "parent");
+    let child = table_name(&pool, "child");
+    obs.batch_execute(&format!("CREATE TABLE {parent} (key bytea)"))
+        .await
+        .unwrap();
+    register(&obs, &pool, &parent).await;
+    obs.batch_execute(&format!("CREATE TABLE {child} () INHERITS ({parent})"))
+        .await
+        .unwrap();
+    let k = garbage(&obs, &pool, b"named by a child row").await;
+    let s = connect().await;
+    s.batch_execute("BEGIN").await.unwrap();
+    let swept = try_sweep(&s, &pool).await;
+    let wrote = obs
+        .execute(&format!("INSERT INTO {child} VALUES ($1)"), &[&k])
+        .await
+        .map_err(|e| sqlstate(&e));
+    s.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        all_named_keys_present(&obs, &pool, &parent).await,
+        "a child row names deleted content (sweep {swept:?}, write {wrote:?})"
+    );
+    assert_eq!(swept, Ok((0, Some("liveness_table_invalid".into()))));
+    // A parent that already has children cannot be registered at all.
+    let other = alkblobs_tests::pg::pool(&obs, "guard-inherit2", "0 seconds", "60 seconds").await;
+    let e = obs
+        .execute(
+            "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+            &[&other, &parent],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "42809", "{e}");
+}
+
+/// (e) The local tier: a file has no entry row and usually no staged row,
+/// yet a liveness write for it must hold off a concurrent claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_liveness_write_holds_off_a_claim() {
+    let obs = connect().await;
+    let pool = pool(&obs, "guard-local", "0 seconds", "60 seconds").await;
+    obs.execute(
+        "UPDATE alkblobs.pools SET large_tier = 'local' WHERE name = $1",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    let table = table_name(&pool, "live");
+    obs.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    register(&obs, &pool, &table).await;
+    let k = key(b"a file someone just referenced");
+    let w = connect().await;
+    w.batch_execute("BEGIN").await.unwrap();
+    w.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+    obs.query_one("SELECT alkblobs_stage($1, ARRAY[$2::bytea])", &[&pool, &k])
+        .await
+        .unwrap();
+    let claimed: Vec<Vec<u8>> = obs
+        .query("SELECT * FROM alkblobs_claim_local($1)", &[&pool])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    w.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        !claimed.contains(&k),
+        "the claim deleted a file a committed liveness row names"
+    );
+}
+
+// 4. A renewal in flight at expiry -----------------------------------------------
+
+/// The executor's re-check must not treat a pin whose renewal is still
+/// uncommitted as expired: otherwise the renewal commits, `pins_held`
+/// confirms the pin, and the holder publishes deleted content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_renewal_in_flight_at_expiry_is_not_overtaken_by_the_executor() {
+    let obs = connect().await;
+    let r = connect().await;
+    let x = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "renew-exec", "1 second", "2 seconds").await;
+    let k = garbage(&obs, &pool, b"renewed while the executor decides").await;
+    // Stage it (window 1 s), then pin it (TTL 2 s) and wait out the window.
+    assert_eq!(try_sweep(&obs, &pool).await, Ok((0, None)));
+    // (A pin, not a put: a put would unstage the key.)
+    obs.query_one("SELECT alkblobs_pin($1, $2, 'node-a')", &[&pool, &k])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // node-a renews in a transaction that is still open at the pin's expiry.
+    r.batch_execute("BEGIN").await.unwrap();
+    let n: i64 = r
+        .query_one("SELECT alkblobs_renew($1, 'node-a')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    // Someone else touches the entry, so an executor that waits on row
+    // locks is held up until after the expiry.
+    x.batch_execute("BEGIN").await.unwrap();
+    x.query_one("SELECT alkblobs_pin($1, $2, 'other')", &[&pool, &k])
+        .await
+        .unwrap();
+    let pool2 = pool.clone();
+    let sweeper = tokio::spawn(async move {
+        s.query_one(
+            "SELECT deleted FROM alkblobs_sweep($1, mark => false)",
+            &[&pool2],
+        )
+        .await
+        .map(|r| r.get::<_, i64>(0))
+        .map_err(|e| sqlstate(&e))
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    x.batch_execute("ROLLBACK").await.unwrap();
+    let swept = sweeper.await.unwrap();
+    r.batch_execute("COMMIT").await.unwrap();
+    let held = obs
+        .query(
+            "SELECT * FROM alkblobs_pins_held($1, 'node-a', $2)",
+            &[&pool, &vec![k.clone()]],
+        )
+        .await
+        .unwrap();
+    if !held.is_empty() {
+        assert!(
+            exists(&obs, &pool, &k).await,
+            "pins_held confirms a pin on deleted content (sweep {swept:?})"
+        );
+    }
+}
+
+// 5. Uploads belong to their transaction and role --------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_belongs_to_its_transaction_and_is_bounded_and_reaped() {
+    let a = connect().await;
+    let b = connect().await;
+    let pool = pool(&a, "uploads", "0 seconds", "60 seconds").await;
+    // An upload started in autocommit is abandoned the moment it returns.
+    let oid: u32 = lo_create(&a, &pool).await;
+    // Nobody else may write into it...
+    let evil = b
+        .execute("SELECT alkblobs_lo_write($1, 0, 'EVIL!!!'::bytea)", &[&oid])
+        .await;
+    assert!(evil.is_err(), "another session wrote into an upload");
+    // ...nor its creator from a later transaction.
+    let later = a
+        .execute("SELECT alkblobs_lo_write($1, 0, 'genuine'::bytea)", &[&oid])
+        .await;
+    assert!(later.is_err(), "an upload outlived its transaction");
+    // It shows in usage until a sweep reaps it.
+    let n: i64 = a
+        .query_one(
+            "SELECT uploads FROM alkblobs_usage WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    let reaped: i64 = a
+        .query_one("SELECT uploads_reaped FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(reaped, 1);
+    let left: i64 = a
+        .query_one(
+            "SELECT count(*) FROM pg_largeobject_metadata WHERE oid = $1",
+            &[&oid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the abandoned large object is unlinked");
+
+    // In one transaction the upload works, within the pool's size bound.
+    a.batch_execute("BEGIN").await.unwrap();
+    let oid: u32 = a
+        .query_one("SELECT alkblobs_lo_create($1)", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    let e = a
+        .execute(
+            "SELECT alkblobs_lo_write($1, 4398046511104, 'x'::bytea)",
+            &[&oid],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "54000", "{e}");
+    a.batch_execute("ROLLBACK; BEGIN").await.unwrap();
+    let oid: u32 = a
+        .query_one("SELECT alkblobs_lo_create($1)", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    a.execute("SELECT alkblobs_lo_write($1, 0, 'genuine'::bytea)", &[&oid])
+        .await
+        .unwrap();
+    let evil = b
+        .execute("SELECT alkblobs_lo_write($1, 0, 'EVIL!!!'::bytea)", &[&oid])
+        .await;
+    assert!(evil.is_err());
+    a.execute(
+        "SELECT alkblobs_lo_commit($1, $2, $3, 'w')",
+        &[&pool, &key(b"genuine"), &oid],
+    )
+    .await
+    .unwrap();
+    a.batch_execute("COMMIT").await.unwrap();
+    let back: Vec<u8> = a
+        .query_one(
+            "SELECT alkblobs_lo_read($1, $2, 0, 100)",
+            &[&pool, &key(b"genuine")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(back, b"genuine");
+}
+
+// 6. Unregistering needs ownership ------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_tables_owner_unregisters_it() {
+    let su = connect().await;
+    let team_a = login_role(&su, "team_a", "alkblobs_admin").await;
+    let team_b = login_role(&su, "team_b", "alkblobs_admin").await;
+    let a = connect_as(&team_a).await;
+    let b = connect_as(&team_b).await;
+    let pool = pool(&a, "unregister", "0 seconds", "60 seconds").await;
+    grant_pool(&a, &pool, &team_b, "admin").await;
+    let table = table_name(&pool, "a");
+    a.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    register(&a, &pool, &table).await;
+    let k = garbage(&a, &pool, b"team a's live key").await;
+    a.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+    let r = b
+        .query_one(
+            "SELECT alkblobs_unregister_liveness($1, $2::text::regclass)",
+            &[&pool, &table],
+        )
+        .await
+        .map(|r| r.get::<_, bool>(0))
+        .map_err(|e| sqlstate(&e));
+    assert_eq!(
+        r,
+        Err("42501".into()),
+        "another team unregistered the table"
+    );
+    assert_eq!(try_sweep(&a, &pool).await, Ok((0, None)));
+    assert!(exists(&su, &pool, &k).await);
+    let e = a
+        .query_one("SELECT alkblobs_unregister_liveness($1, NULL)", &[&pool])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "22004", "{e}");
+}
+
+// 7. No deadlocks, no pile-ups -------------------------------------------------------
+
+/// A writer pinning in descending key order while the executor locks in
+/// ascending order must not deadlock; the executor passes over what is
+/// locked and leaves it staged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writer_locking_in_another_order_does_not_deadlock_the_executor() {
+    let obs = connect().await;
+    let w = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "deadlock", "0 seconds", "60 seconds").await;
+    let mut ks = [
+        garbage(&obs, &pool, b"deadlock one").await,
+        garbage(&obs, &pool, b"deadlock two").await,
+    ];
+    ks.sort();
+    w.batch_execute("BEGIN").await.unwrap();
+    w.query_one("SELECT alkblobs_pin($1, $2, 'w')", &[&pool, &ks[1]])
+        .await
+        .unwrap();
+    let s_pid = pid(&s).await;
+    let pool2 = pool.clone();
+    let sweeper = tokio::spawn(async move { try_sweep(&s, &pool2).await });
+    // Pre-hardening the executor holds ks[0] and waits for ks[1] here.
+    let _ = tokio::time::timeout(Duration::from_secs(2), waits_on_lock(&obs, s_pid)).await;
+    let pinned = w
+        .query_one("SELECT alkblobs_pin($1, $2, 'w')", &[&pool, &ks[0]])
+        .await
+        .map(|r| r.get::<_, bool>(0))
+        .map_err(|e| sqlstate(&e));
+    let wc = w.batch_execute("COMMIT").await.map_err(|e| sqlstate(&e));
+    let swept = sweeper.await.unwrap();
+    assert_ne!(pinned, Err("40P01".into()), "the writer deadlocked");
+    assert_ne!(swept, Err("40P01".into()), "the sweep deadlocked");
+    wc.unwrap();
+    assert_eq!(
+        swept,
+        Ok((1, None)),
+        "the free key goes, the locked one waits"
+    );
+    assert_eq!(pinned, Ok(false), "the pin found ks[0] collected");
+    assert!(exists(&obs, &pool, &ks[1]).await);
+}
+
+/// An idle-in-transaction pinner does not stall the sweep: the sweep
+/// returns at once, deletes every other dead key and leaves the held one
+/// staged for a later call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_pinner_does_not_stall_the_sweep() {
+    let obs = connect().await;
+    let w = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "idle-pinner", "0 seconds", "60 seconds").await;
+    let mut ks = Vec::new();
+    for i in 0..20 {
+        ks.push(garbage(&obs, &pool, format!("idle pinner {i}").as_bytes()).await);
+    }
+    ks.sort();
+    let held = ks[10].clone();
+    w.batch_execute("BEGIN").await.unwrap();
+    w.query_one("SELECT alkblobs_pin($1, $2, 'idle')", &[&pool, &held])
+        .await
+        .unwrap();
+    s.batch_execute("SET statement_timeout = '5s'")
+        .await
+        .unwrap();
+    let swept = try_sweep(&s, &pool).await;
+    assert_eq!(
+        swept,
+        Ok((19, None)),
+        "the sweep must not wait for the idle pinner"
+    );
+    let staged: i64 = obs
+        .query_one(
+            "SELECT count(*) FROM alkblobs_staged WHERE pool = $1 AND key = encode($2, 'hex')",
+            &[&pool, &held],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(staged, 1, "the held key stays staged");
+    w.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(try_sweep(&s, &pool).await, Ok((0, None)), "now pinned");
+    assert!(exists(&obs, &pool, &held).await);
+}
+
+// 8. Bounded work -------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_all_with_no_unlink_budget_returns() {
+    let c = connect().await;
+    let pool = pool(&c, "budget0", "0 seconds", "60 seconds").await;
+    c.batch_execute("BEGIN").await.unwrap();
+    let oid: u32 = lo_create(&c, &pool).await;
+    c.execute("SELECT alkblobs_lo_write($1, 0, 'dead lo'::bytea)", &[&oid])
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_lo_commit($1, $2, $3, 'w')",
+        &[&pool, &key(b"dead lo"), &oid],
+    )
+    .await
+    .unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    c.query_one("SELECT alkblobs_unpin_all($1, 'w')", &[&pool])
+        .await
+        .unwrap();
+    c.batch_execute("SET statement_timeout = '20s'")
+        .await
+        .unwrap();
+    let r = c
+        .batch_execute(&format!("CALL alkblobs_sweep_all('{pool}', 0)"))
+        .await
+        .map_err(|e| sqlstate(&e));
+    assert!(
+        r.is_ok() || r == Err("22023".into()),
+        "sweep_all(pool, 0) must return or refuse: {r:?}"
+    );
+}
+
+// 9. Authorization ------------------------------------------------------------------
+
+/// A reader's explain reports only what the reader may read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reports_only_what_the_caller_may_read() {
+    let su = connect().await;
+    let reader = login_role(&su, "reader", "alkblobs_reader").await;
+    let pool = pool(&su, "explain-priv", "0 seconds", "60 seconds").await;
+    grant_pool(&su, &pool, &reader, "read").await;
+    let table = table_name(&pool, "secret");
+    su.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    register(&su, &pool, &table).await;
+    let k = key(b"secret membership");
+    put(&su, &pool, b"secret membership", "o").await;
+    su.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+    let r = connect_as(&reader).await;
+    assert!(
+        r.query(&format!("SELECT * FROM {table}"), &[])
+            .await
+            .is_err(),
+        "the reader cannot read the table itself"
+    );
+    let rows = r
+        .query(
+            "SELECT detail FROM alkblobs_explain($1, $2) WHERE aspect = 'liveness'",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+    for row in rows {
+        let d: String = row.get(0);
+        assert!(
+            !d.contains("holds the key"),
+            "explain leaked membership: {d}"
+        );
+    }
+}
+
+/// Pins belong to the role that made them: another writer role cannot
+/// release or renew them by naming the same owner string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_cannot_release_or_renew_another_roles_pins() {
+    let su = connect().await;
+    let wa = login_role(&su, "writer_a", "alkblobs_writer").await;
+    let wb = login_role(&su, "writer_b", "alkblobs_writer").await;
+    let pool = pool(&su, "pin-roles", "0 seconds", "60 seconds").await;
+    grant_pool(&su, &pool, &wa, "write").await;
+    grant_pool(&su, &pool, &wb, "write").await;
+    let a = connect_as(&wa).await;
+    let b = connect_as(&wb).await;
+    put(&a, &pool, b"a's fresh put", "node-1").await;
+    let n: i64 = b
+        .query_one("SELECT alkblobs_unpin_all($1, 'node-1')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "writer b released writer a's pins");
+    let unpinned: bool = b
+        .query_one(
+            "SELECT alkblobs_unpin($1, $2, 'node-1')",
+            &[&pool, &key(b"a's fresh put")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!unpinned);
+    let n: i64 = b
+        .query_one("SELECT alkblobs_renew($1, 'node-1')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "writer b renewed writer a's pins");
+    assert_eq!(try_sweep(&su, &pool).await, Ok((0, None)));
+    assert!(exists(&su, &pool, &key(b"a's fresh put")).await);
+}
+
+/// Pools are granted per role: an application's roles neither see nor use
+/// nor sweep another application's pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_are_granted_per_role() {
+    let su = connect().await;
+    let admin = login_role(&su, "app_admin", "alkblobs_admin").await;
+    let stranger = login_role(&su, "stranger", "alkblobs_admin").await;
+    let ad = connect_as(&admin).await;
+    let pool = pool(&ad, "app-pool", "0 seconds", "60 seconds").await;
+    put(&ad, &pool, b"app content", "node").await;
+    let st = connect_as(&stranger).await;
+    let seen: i64 = st
+        .query_one(
+            "SELECT count(*) FROM alkblobs_pools WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 0, "a stranger sees the pool");
+    let e = st
+        .query_one(
+            "SELECT alkblobs_get($1, $2)",
+            &[&pool, &key(b"app content")],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "42501");
+    assert_eq!(try_sweep(&st, &pool).await, Err("42501".into()));
+    let e = st
+        .query_one(
+            "SELECT alkblobs_put($1, $2, 'x'::bytea, 'n')",
+            &[&pool, &key(b"x")],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "42501");
+    // Granted, it works.
+    grant_pool(&ad, &pool, &stranger, "read").await;
+    let v: Option<Vec<u8>> = st
+        .query_one(
+            "SELECT alkblobs_get($1, $2)",
+            &[&pool, &key(b"app content")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v.as_deref(), Some(&b"app content"[..]));
+}
+
+// 10. Bad input -----------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_windows_and_null_arguments_get_sqlstates() {
+    let c = connect().await;
+    let pool = pool(&c, "bad-args", "0 seconds", "60 seconds").await;
+    let k = key(b"k");
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "22023",
+            format!("SELECT alkblobs_create_pool('{pool}-x', '300000 years')"),
+        ),
+        (
+            "22023",
+            format!("SELECT alkblobs_create_pool('{pool}-y', '1 minute', '300000 years')"),
+        ),
+        (
+            "22023",
+            format!("SELECT alkblobs_alter_pool('{pool}', '300000 years')"),
+        ),
+        (
+            "22023",
+            format!("SELECT alkblobs_alter_pool('{pool}', NULL, '1000 years')"),
+        ),
+        (
+            "22004",
+            format!(
+                "SELECT alkblobs_unpin('{pool}', '\\x{}'::bytea, NULL)",
+                hex(&k)
+            ),
+        ),
+        (
+            "22004",
+            format!("SELECT alkblobs_unpin_all('{pool}', NULL)"),
+        ),
+        (
+            "22004",
+            format!("SELECT * FROM alkblobs_claim_local('{pool}', NULL)"),
+        ),
+        ("22004", format!("SELECT alkblobs_stage('{pool}', NULL)")),
+        (
+            "22004",
+            format!("SELECT * FROM alkblobs_pins_held('{pool}', 'o', NULL)"),
+        ),
+        (
+            "22004",
+            format!(
+                "SELECT alkblobs_lo_read('{pool}', '\\x{}'::bytea, NULL, 10)",
+                hex(&k)
+            ),
+        ),
+        (
+            "22004",
+            format!(
+                "SELECT alkblobs_lo_read('{pool}', '\\x{}'::bytea, 0, NULL)",
+                hex(&k)
+            ),
+        ),
+        (
+            "22004",
+            format!("SELECT * FROM alkblobs_sweep('{pool}', NULL)"),
+        ),
+        (
+            "22004",
+            format!("SELECT * FROM alkblobs_sweep('{pool}', false, NULL)"),
+        ),
+    ];
+    for (want, sql) in &cases {
+        let got = c.batch_execute(sql).await.map_err(|e| sqlstate(&e));
+        assert_eq!(got, Err(want.to_string()), "{sql}");
+    }
+    // lo_write with a NULL offset or chunk, inside a real upload.
+    c.batch_execute("BEGIN").await.unwrap();
+    let oid: u32 = lo_create(&c, &pool).await;
+    for sql in [
+        "SELECT alkblobs_lo_write($1, NULL, 'x'::bytea)",
+        "SELECT alkblobs_lo_write($1, 0, NULL)",
+    ] {
+        c.batch_execute("SAVEPOINT s").await.unwrap();
+        let got = c.execute(sql, &[&oid]).await.map_err(|e| sqlstate(&e));
+        c.batch_execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
+        assert_eq!(got, Err("22004".into()), "{sql}");
+    }
+    c.batch_execute("ROLLBACK").await.unwrap();
+    // And the pool still sweeps.
+    assert_eq!(try_sweep(&c, &pool).await, Ok((0, None)));
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+// 11. References to content that is gone -------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_to_absent_content_fails_with_ab002_unless_forward_references_are_allowed() {
+    let c = connect().await;
+    let pool = pool(&c, "absent-ref", "0 seconds", "60 seconds").await;
+    let table = table_name(&pool, "live");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    register(&c, &pool, &table).await;
+    let k = garbage(&c, &pool, b"collected before the reference").await;
+    assert_eq!(try_sweep(&c, &pool).await, Ok((1, None)));
+    let e = c
+        .execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&k])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "AB002", "{e}");
+    // Multi-row inserts too.
+    let e = c
+        .execute(
+            &format!("INSERT INTO {table} VALUES ($1), (alkblobs_key('never put'))"),
+            &[&k],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "AB002", "{e}");
+    // Forward references are a registration option.
+    let fwd = table_name(&pool, "fwd");
+    c.batch_execute(&format!("CREATE TABLE {fwd} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass, forward_references => true)",
+        &[&pool, &fwd],
+    )
+    .await
+    .unwrap();
+    c.execute(&format!("INSERT INTO {fwd} VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+}
