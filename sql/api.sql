@@ -1105,8 +1105,9 @@ END $$;
 -- UPDATE SKIP LOCKED and re-checked against pins and liveness tables
 -- before it is deleted. A key someone holds a lock on is passed over
 -- (`skipped`) and stays staged. At most `max_unlinks` large objects are
--- unlinked per call (each holds a lock until commit); `remaining` says how
--- many due rows are left for the next call (`mark => false` runs just the
+-- unlinked per call (each holds a lock until commit), at most `max_keys`
+-- expired pins reaped; `remaining` says how many due rows are left for the
+-- next call (counted up to max_keys + 1) (`mark => false` runs just the
 -- executor). `local_due` counts due rows of the local tier, which the
 -- client executes with alkblobs_claim_local.
 CREATE FUNCTION @extschema@.alkblobs_sweep(
@@ -1114,7 +1115,7 @@ CREATE FUNCTION @extschema@.alkblobs_sweep(
     dry_run boolean DEFAULT false,
     max_unlinks integer DEFAULT 1000,
     mark boolean DEFAULT true,
-    max_keys integer DEFAULT 100000)
+    max_keys integer DEFAULT 20000)
 RETURNS TABLE (
     examined bigint, live bigint, pinned bigint, staged bigint, executed bigint,
     deleted bigint, kept bigint, bytes_freed bigint, pins_reaped bigint, remaining bigint,
@@ -1133,6 +1134,7 @@ DECLARE
     prob text;
     live_sql text;
     v_mark_id bigint;
+    v_last_mark bigint;
     v_cursor bytea;
     v_last bytea;
     v_mark_end timestamptz;
@@ -1191,7 +1193,7 @@ BEGIN
          WHERE (pn.pool, pn.key, pn.role, pn.owner) IN (
                SELECT x.pool, x.key, x.role, x.owner FROM alkblobs.pins x
                 WHERE x.pool = pl.id AND x.expires_at <= clock_timestamp()
-                  FOR UPDATE SKIP LOCKED);
+                LIMIT v_keys FOR UPDATE SKIP LOCKED);
         GET DIAGNOSTICS pins_reaped = ROW_COUNT;
         -- Abandoned uploads: their transaction ended without lo_commit.
         FOR r IN DELETE FROM alkblobs.uploads u WHERE u.loid IN (
@@ -1205,7 +1207,9 @@ BEGIN
                 unlinks := unlinks + 1;
             END IF;
         END LOOP;
-        DELETE FROM alkblobs.collected c WHERE c.pool = pl.id AND c.collected_at < clock_timestamp() - interval '1 day';
+        DELETE FROM alkblobs.collected c WHERE (c.pool, c.key) IN (
+            SELECT x.pool, x.key FROM alkblobs.collected x
+             WHERE x.pool = pl.id AND x.collected_at < clock_timestamp() - interval '1 day' LIMIT v_keys);
     END IF;
 
     -- 2. Mark one slice.
@@ -1265,15 +1269,28 @@ BEGIN
     END IF;
     v_mark_end := coalesce(v_mark_end, clock_timestamp());
 
-    -- 3. Execute kv/lo rows due by v_mark_end.
+    -- 3. Execute kv/lo rows due by v_mark_end: mark by mark (so rows of a
+    -- mark still running are never even scanned), each in key order.
+    v_mark_id := NULL;
     LOOP
         EXIT WHEN processed >= v_keys;
+        IF v_mark_id IS NULL THEN
+            SELECT mk.id INTO v_mark_id FROM alkblobs.marks mk
+             WHERE mk.pool = pl.id AND mk.id > coalesce(v_last_mark, 0) AND mk.mark_end IS NOT NULL
+               AND mk.mark_end + mk.delete_window <= v_mark_end
+             ORDER BY mk.id LIMIT 1;
+            EXIT WHEN v_mark_id IS NULL;
+            last_key := '\x'::bytea;
+        END IF;
         SELECT array_agg(x.key ORDER BY x.key) INTO batch FROM (
-            SELECT s.key FROM alkblobs.staged s JOIN alkblobs.marks mk ON mk.id = s.mark
-             WHERE s.pool = pl.id AND s.tier <> 'local' AND s.key > last_key
-               AND mk.mark_end IS NOT NULL AND mk.mark_end + mk.delete_window <= v_mark_end
+            SELECT s.key FROM alkblobs.staged s
+             WHERE s.mark = v_mark_id AND s.key > last_key AND s.tier <> 'local'
              ORDER BY s.key LIMIT least(1000, v_keys - processed)) x;
-        EXIT WHEN batch IS NULL;
+        IF batch IS NULL THEN
+            v_last_mark := v_mark_id;
+            v_mark_id := NULL;
+            CONTINUE;
+        END IF;
         last_key := batch[array_upper(batch, 1)];
         processed := processed + cardinality(batch);
         IF v_dry THEN
@@ -1323,11 +1340,20 @@ BEGIN
             SELECT 1 FROM alkblobs.entries e WHERE e.pool = pl.id AND e.tier = 'lo' LIMIT 1));
     END LOOP;
 
-    SELECT count(*) FILTER (WHERE s.tier <> 'local' AND mk.mark_end + mk.delete_window <= v_mark_end),
-           count(*) FILTER (WHERE s.tier = 'local' AND mk.mark_end + mk.delete_window <= clock_timestamp())
-      INTO remaining, local_due
-      FROM alkblobs.staged s JOIN alkblobs.marks mk ON mk.id = s.mark
-     WHERE s.pool = pl.id AND mk.mark_end IS NOT NULL;
+    -- Counted up to max_keys + 1 (bounded work): a value over max_keys
+    -- means "at least that many".
+    -- (Driven from the due marks: rows of a mark still running are not
+    -- scanned.)
+    SELECT count(*) INTO remaining FROM (
+        SELECT 1 FROM alkblobs.marks mk JOIN alkblobs.staged s ON s.mark = mk.id
+         WHERE mk.pool = pl.id AND mk.mark_end IS NOT NULL
+           AND mk.mark_end + mk.delete_window <= v_mark_end AND s.tier <> 'local'
+         LIMIT CASE WHEN v_dry THEN NULL ELSE v_keys + 1 END) x;
+    SELECT count(*) INTO local_due FROM (
+        SELECT 1 FROM alkblobs.marks mk JOIN alkblobs.staged s ON s.mark = mk.id
+         WHERE mk.pool = pl.id AND mk.mark_end IS NOT NULL
+           AND mk.mark_end + mk.delete_window <= clock_timestamp() AND s.tier = 'local'
+         LIMIT CASE WHEN v_dry THEN NULL ELSE v_keys + 1 END) x;
     IF v_dry THEN
         remaining := remaining - executed;
     ELSE

@@ -135,7 +135,8 @@ CREATE TABLE alkblobs.staged (
     staged_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (pool, key)
 );
-CREATE INDEX staged_by_mark ON alkblobs.staged (mark);
+-- The executor walks one due mark's rows in key order.
+CREATE INDEX staged_by_mark ON alkblobs.staged (mark, key);
 
 -- Large-object uploads in progress. An upload belongs to the transaction
 -- and the session role that created it (alkblobs_lo_write and _lo_commit

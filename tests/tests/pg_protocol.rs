@@ -41,7 +41,7 @@ async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches(
     // One unbounded transaction cannot hold 100k lo_unlink locks.
     let err = c
         .query_one(
-            "SELECT * FROM alkblobs_sweep($1, max_unlinks => 100000)",
+            "SELECT * FROM alkblobs_sweep($1, max_unlinks => 100000, max_keys => 100000)",
             &[&pool],
         )
         .await
@@ -56,7 +56,7 @@ async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches(
     // A bounded call does part of the work and reports the rest.
     let row = c
         .query_one(
-            "SELECT staged, deleted, remaining FROM alkblobs_sweep($1, max_unlinks => 1000)",
+            "SELECT staged, deleted, remaining FROM alkblobs_sweep($1, max_unlinks => 1000, max_keys => 100000)",
             &[&pool],
         )
         .await
