@@ -1238,9 +1238,15 @@ BEGIN
                 WITH slice AS MATERIALIZED (
                     SELECT e.key, e.tier FROM alkblobs.entries e
                      WHERE e.pool = $1 AND e.key > $4 ORDER BY e.key LIMIT $5),
+                -- Pins and staged rows of the slice by `key = ANY(array)`:
+                -- an index lookup whatever the (often stale) row estimates
+                -- of a freshly filled pool, never a per-row range scan.
                 held AS MATERIALIZED (
-                    SELECT c.key FROM slice c
-                     WHERE EXISTS (SELECT 1 FROM alkblobs.pins pn WHERE pn.pool = $1 AND pn.key = c.key AND pn.expires_at > $2)),
+                    SELECT DISTINCT pn.key FROM alkblobs.pins pn
+                     WHERE pn.pool = $1 AND pn.key = ANY (ARRAY(SELECT key FROM slice)) AND pn.expires_at > $2),
+                already AS MATERIALIZED (
+                    SELECT s.key FROM alkblobs.staged s
+                     WHERE s.pool = $1 AND s.key = ANY (ARRAY(SELECT key FROM slice))),
                 cand AS MATERIALIZED (
                     SELECT c.key, c.tier FROM slice c
                      WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.key = c.key)
@@ -1248,7 +1254,7 @@ BEGIN
                 ins AS (
                     INSERT INTO alkblobs.staged (pool, key, tier, mark)
                     SELECT $1, cand.key, cand.tier, $3 FROM cand
-                     WHERE NOT EXISTS (SELECT 1 FROM alkblobs.staged s WHERE s.pool = $1 AND s.key = cand.key)
+                     WHERE NOT EXISTS (SELECT 1 FROM already a WHERE a.key = cand.key)
                     ON CONFLICT (pool, key) DO NOTHING
                     RETURNING 1)
                 SELECT (SELECT count(*) FROM slice), (SELECT s2.key FROM slice s2 ORDER BY s2.key DESC LIMIT 1), (SELECT count(*) FROM held),
