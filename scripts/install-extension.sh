@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and installs the alkblobs extension into the system PostgreSQL 15.
 # Idempotent: installs what is missing (Debian packages, cargo-pgrx 0.18.1),
-# runs `cargo pgrx init` once, then `cargo pgrx install --release`.
+# runs `cargo pgrx init` once, then `cargo pgrx install --release`, and
+# copies the frozen install scripts of released versions (sql/released/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pg_config=/usr/lib/postgresql/15/bin/pg_config
@@ -27,3 +28,7 @@ if ! grep -qs "pg15 = \"$pg_config\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; t
 fi
 
 (cd pg_ext && cargo pgrx install --pg-config "$pg_config" --release)
+# Install scripts of released versions (cargo pgrx only writes the current
+# one), so that CREATE EXTENSION alkblobs VERSION '<old>' and the upgrade
+# path from it keep working.
+install -m 644 sql/released/alkblobs--*.sql "$("$pg_config" --sharedir)/extension/"

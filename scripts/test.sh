@@ -7,7 +7,8 @@
 #      configuration, bad input, crash and GC race tests, the CLI;
 #   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
 #      runs the golden SQL tests (scripts/regress.sh) and the PostgreSQL race
-#      and protocol suites over real connections, and stops the cluster.
+#      and protocol suites and the hardening suite (issue 8) over real
+#      connections, and stops the cluster.
 # Exits non-zero if anything fails. A PostgreSQL test that cannot reach its
 # server fails; none skips.
 set -euo pipefail
@@ -42,7 +43,7 @@ echo "extension created in $url"
 step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
-step "PostgreSQL race and protocol suites"
-ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol
+step "PostgreSQL race, protocol and hardening suites"
+ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening
 
 step "all tests passed"

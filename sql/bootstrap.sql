@@ -1,9 +1,31 @@
 -- alkblobs extension: schema (runs first).
 --
--- Internal state lives in schema `alkblobs`, which nobody but the extension
--- owner can touch; the API functions (in the extension's schema, normally
--- `public`) are SECURITY DEFINER with a pinned search_path and are the only
--- way in. See docs/sql-api.md and docs/design.md ("Fleet protocol").
+-- Internal state lives in schema `alkblobs`, owned (with every table and
+-- function of the extension) by the role `alkblobs_owner`: NOLOGIN, not a
+-- superuser, member of nothing. The API functions (in the extension's
+-- schema, normally `public`) are SECURITY DEFINER as that role with a
+-- pinned search_path and are the only way in; so a definer function never
+-- runs as a superuser. See docs/sql-api.md, docs/operations.md ("Security
+-- model") and docs/design.md §4.
+
+DO $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM pg_catalog.pg_roles WHERE rolname = 'alkblobs_owner';
+    IF NOT FOUND THEN
+        CREATE ROLE alkblobs_owner NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
+    ELSIF r.rolsuper OR r.rolcanlogin OR r.rolcreaterole OR r.rolbypassrls OR r.rolreplication THEN
+        RAISE EXCEPTION 'role alkblobs_owner exists with privileges it must not have (superuser, login, createrole, replication or bypassrls)'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'ALTER ROLE alkblobs_owner NOLOGIN NOSUPERUSER NOCREATEROLE NOREPLICATION NOBYPASSRLS, then retry.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles o ON o.oid = m.roleid OR o.oid = m.member
+                WHERE o.rolname = 'alkblobs_owner') THEN
+        RAISE EXCEPTION 'role alkblobs_owner must be a member of no role and have no members'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
 
 CREATE SCHEMA IF NOT EXISTS alkblobs;
 REVOKE ALL ON SCHEMA alkblobs FROM PUBLIC;
@@ -15,14 +37,34 @@ CREATE TABLE alkblobs.pools (
     id            integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name          text NOT NULL UNIQUE
                   CONSTRAINT pool_name_format CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$'),
-    delete_window interval NOT NULL CONSTRAINT window_not_negative CHECK (delete_window >= interval '0'),
-    pin_ttl       interval NOT NULL CONSTRAINT ttl_positive CHECK (pin_ttl > interval '0'),
+    delete_window interval NOT NULL CONSTRAINT window_not_negative CHECK (delete_window >= interval '0')
+                  CONSTRAINT window_at_most_a_year CHECK (delete_window <= interval '366 days'),
+    pin_ttl       interval NOT NULL CONSTRAINT ttl_positive CHECK (pin_ttl > interval '0')
+                  CONSTRAINT ttl_at_most_a_week CHECK (pin_ttl <= interval '7 days'),
     -- Where content over the client's kv threshold goes: 'pg-lo' (large
     -- objects in this database), 'local' (files on fleet-shared media; the
     -- client stages and deletes them under this database's arbitration) or
     -- 'none' (kv-only; large content is routed to a storage node).
     large_tier    text NOT NULL CONSTRAINT large_tier_known CHECK (large_tier IN ('pg-lo', 'local', 'none')),
+    -- The role that created the pool (its login role): it and its members
+    -- have every access to the pool; others need a grant (pool_grants).
+    owner         oid NOT NULL,
+    -- Largest large object an upload may write (offset + chunk length).
+    max_object_bytes bigint NOT NULL DEFAULT 68719476736
+                  CONSTRAINT max_object_positive CHECK (max_object_bytes > 0),
+    -- A mark in progress across calls: its id and the last key it examined.
+    open_mark     bigint,
+    mark_cursor   bytea,
     created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- Per-pool grants: `access` is 'read', 'write' (and read), 'sweep' (and
+-- read) or 'admin' (everything). See alkblobs.may().
+CREATE TABLE alkblobs.pool_grants (
+    pool    integer NOT NULL REFERENCES alkblobs.pools (id) ON DELETE CASCADE,
+    grantee oid NOT NULL,
+    access  text NOT NULL CHECK (access IN ('read', 'write', 'sweep', 'admin')),
+    PRIMARY KEY (pool, grantee, access)
 );
 
 -- Entries held in this database: kv values inline, large objects by oid
@@ -41,24 +83,32 @@ CREATE TABLE alkblobs.entries (
         OR (tier = 'lo' AND loid IS NOT NULL AND value IS NULL))
 );
 
--- Pins: one row per (pool, key, owner). Only un-expired pins protect.
+-- Pins: one row per (pool, key, role, owner), where role is the session
+-- role that made the pin and owner the caller's store-instance id. Only
+-- un-expired pins protect.
 CREATE TABLE alkblobs.pins (
     pool       integer NOT NULL REFERENCES alkblobs.pools (id),
     key        bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    role       oid NOT NULL,
     owner      text NOT NULL CONSTRAINT owner_format CHECK (length(owner) BETWEEN 1 AND 200),
     pinned_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     expires_at timestamptz NOT NULL,
-    PRIMARY KEY (pool, key, owner)
+    PRIMARY KEY (pool, key, role, owner)
 );
--- Renewal is by owner. Reaping scans one pool's pins once per sweep, which
--- is cheaper than maintaining an expiry index on every put.
-CREATE INDEX pins_by_owner ON alkblobs.pins (pool, owner);
+-- Renewal is by (role, owner). Reaping scans one pool's pins once per
+-- sweep, which is cheaper than maintaining an expiry index on every put.
+CREATE INDEX pins_by_owner ON alkblobs.pins (pool, role, owner);
 
 -- Registered liveness tables. `relid` is the table's oid; a DROP TABLE
 -- removes the registration (event trigger below).
 CREATE TABLE alkblobs.liveness (
     pool          integer NOT NULL REFERENCES alkblobs.pools (id),
     relid         oid NOT NULL,
+    -- false (the default): a row naming a key the pool does not hold fails
+    -- with AB002. true: such a row is accepted and protects the content if
+    -- it is put later (see docs/design.md §4 for what that gives up).
+    forward_refs  boolean NOT NULL DEFAULT false,
+    registered_by oid NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (pool, relid)
 );
@@ -85,13 +135,30 @@ CREATE TABLE alkblobs.staged (
     staged_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (pool, key)
 );
-CREATE INDEX staged_by_mark ON alkblobs.staged (mark);
+-- The executor walks one due mark's rows in key order.
+CREATE INDEX staged_by_mark ON alkblobs.staged (mark, key);
 
--- Large-object uploads in progress (visible only inside the uploading
--- transaction): alkblobs_lo_write accepts only these oids.
+-- Large-object uploads in progress. An upload belongs to the transaction
+-- and the session role that created it (alkblobs_lo_write and _lo_commit
+-- accept only those); a row whose transaction is over was abandoned (its
+-- creator committed without alkblobs_lo_commit) and the sweep unlinks it.
 CREATE TABLE alkblobs.uploads (
     loid       oid PRIMARY KEY,
+    pool       integer NOT NULL REFERENCES alkblobs.pools (id),
+    xact       xid8 NOT NULL,
+    role       oid NOT NULL,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX uploads_by_pool ON alkblobs.uploads (pool);
+
+-- Local-tier files alkblobs_claim_local handed out for deletion and that
+-- nobody re-published since (alkblobs_pin_new clears a row): a liveness
+-- write naming one fails with AB002. Reaped by the sweep after a day.
+CREATE TABLE alkblobs.collected (
+    pool         integer NOT NULL REFERENCES alkblobs.pools (id),
+    key          bytea NOT NULL,
+    collected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pool, key)
 );
 
 REVOKE ALL ON ALL TABLES IN SCHEMA alkblobs FROM PUBLIC;

@@ -1,13 +1,24 @@
 -- alkblobs extension: views, roles and grants (runs last).
 
+-- Every view shows only the pools the caller (session_user) may read.
 CREATE VIEW @extschema@.alkblobs_pools AS
-SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.created_at
-  FROM alkblobs.pools p;
+SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
+       coalesce(o.rolname, p.owner::text) AS owner, p.created_at
+  FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
+ WHERE alkblobs.may(p, 'read');
+
+CREATE VIEW @extschema@.alkblobs_pool_grants AS
+SELECT p.name AS pool, coalesce(r.rolname, g.grantee::text) AS grantee, g.access
+  FROM alkblobs.pool_grants g JOIN alkblobs.pools p ON p.id = g.pool
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
+ WHERE alkblobs.may(p, 'read');
 
 CREATE VIEW @extschema@.alkblobs_pins AS
-SELECT p.name AS pool, encode(pn.key, 'hex') AS key, pn.owner, pn.pinned_at, pn.expires_at,
-       pn.expires_at <= clock_timestamp() AS expired
-  FROM alkblobs.pins pn JOIN alkblobs.pools p ON p.id = pn.pool;
+SELECT p.name AS pool, encode(pn.key, 'hex') AS key, coalesce(r.rolname, pn.role::text) AS role, pn.owner,
+       pn.pinned_at, pn.expires_at, pn.expires_at <= clock_timestamp() AS expired
+  FROM alkblobs.pins pn JOIN alkblobs.pools p ON p.id = pn.pool
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = pn.role
+ WHERE alkblobs.may(p, 'read');
 
 CREATE VIEW @extschema@.alkblobs_staged AS
 SELECT p.name AS pool, encode(s.key, 'hex') AS key, s.tier, s.staged_at,
@@ -15,7 +26,8 @@ SELECT p.name AS pool, encode(s.key, 'hex') AS key, s.tier, s.staged_at,
        coalesce(mk.mark_end + mk.delete_window <= clock_timestamp(), false) AS due
   FROM alkblobs.staged s
   JOIN alkblobs.marks mk ON mk.id = s.mark
-  JOIN alkblobs.pools p ON p.id = s.pool;
+  JOIN alkblobs.pools p ON p.id = s.pool
+ WHERE alkblobs.may(p, 'read');
 
 CREATE VIEW @extschema@.alkblobs_usage AS
 SELECT p.name AS pool,
@@ -23,7 +35,10 @@ SELECT p.name AS pool,
        coalesce(e.lo_entries, 0) AS lo_entries, coalesce(e.lo_bytes, 0) AS lo_bytes,
        (SELECT count(*) FROM alkblobs.pins pn WHERE pn.pool = p.id AND pn.expires_at > clock_timestamp()) AS pins,
        (SELECT count(*) FROM alkblobs.staged s WHERE s.pool = p.id) AS staged,
-       (SELECT count(*) FROM alkblobs.liveness l WHERE l.pool = p.id) AS liveness_tables
+       (SELECT count(*) FROM alkblobs.liveness l WHERE l.pool = p.id) AS liveness_tables,
+       (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id) AS uploads,
+       (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id
+           AND pg_catalog.pg_xact_status(u.xact) IS DISTINCT FROM 'in progress') AS uploads_abandoned
   FROM alkblobs.pools p
   LEFT JOIN (
         SELECT en.pool,
@@ -31,7 +46,8 @@ SELECT p.name AS pool,
                sum(en.size) FILTER (WHERE en.tier = 'kv') AS kv_bytes,
                count(*) FILTER (WHERE en.tier = 'lo') AS lo_entries,
                sum(en.size) FILTER (WHERE en.tier = 'lo') AS lo_bytes
-          FROM alkblobs.entries en GROUP BY en.pool) e ON e.pool = p.id;
+          FROM alkblobs.entries en GROUP BY en.pool) e ON e.pool = p.id
+ WHERE alkblobs.may(p, 'read');
 
 -- Roles: readers read and inspect; writers put and pin; sweepers sweep;
 -- admins create pools and register liveness tables. Roles are cluster-wide
@@ -52,30 +68,60 @@ BEGIN
     END IF;
 END $$;
 
--- Nothing is executable or readable by default: every function and
--- procedure of the extension (found through its membership, so one added
--- later cannot be forgotten) is revoked from PUBLIC, except alkblobs_key.
-DO $$
+-- Ownership and the default-deny policy, as one function so that every
+-- upgrade script applies exactly the same policy (it ends by calling it):
+-- alkblobs_owner owns the internal schema, its tables and sequences, every
+-- function and procedure of the extension and its views; nothing of the
+-- extension (found through its membership, so one added later cannot be
+-- forgotten) is executable or readable by PUBLIC, except alkblobs_key.
+CREATE FUNCTION alkblobs.apply_policy() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    f regprocedure;
+    o record;
 BEGIN
-    FOR f IN
-        SELECT p.oid FROM pg_catalog.pg_proc p
-          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_proc'::regclass
-           AND d.objid = p.oid AND d.deptype = 'e'
+    EXECUTE 'ALTER SCHEMA alkblobs OWNER TO alkblobs_owner';
+    FOR o IN
+        SELECT d.classid, d.objid FROM pg_catalog.pg_depend d
           JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
-         WHERE p.proname <> 'alkblobs_key'
+         WHERE d.deptype = 'e' AND d.refclassid = 'pg_catalog.pg_extension'::regclass
+         ORDER BY d.classid, d.objid
     LOOP
-        EXECUTE format('REVOKE ALL ON %s %s FROM PUBLIC',
-                       CASE WHEN (SELECT prokind FROM pg_catalog.pg_proc WHERE oid = f) = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END, f);
+        IF o.classid = 'pg_catalog.pg_proc'::regclass THEN
+            EXECUTE format('ALTER %s %s OWNER TO alkblobs_owner',
+                           CASE WHEN (SELECT prokind FROM pg_catalog.pg_proc WHERE oid = o.objid) = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END,
+                           o.objid::regprocedure);
+            IF (SELECT proname FROM pg_catalog.pg_proc WHERE oid = o.objid) <> 'alkblobs_key' THEN
+                EXECUTE format('REVOKE ALL ON %s %s FROM PUBLIC',
+                               CASE WHEN (SELECT prokind FROM pg_catalog.pg_proc WHERE oid = o.objid) = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END,
+                               o.objid::regprocedure);
+            END IF;
+        ELSIF o.classid = 'pg_catalog.pg_class'::regclass
+              AND (SELECT relkind FROM pg_catalog.pg_class WHERE oid = o.objid) IN ('r', 'v', 'p') THEN
+            EXECUTE format('ALTER TABLE %s OWNER TO alkblobs_owner', o.objid::regclass);
+            EXECUTE format('REVOKE ALL ON %s FROM PUBLIC', o.objid::regclass);
+        ELSIF o.classid = 'pg_catalog.pg_type'::regclass
+              AND (SELECT typtype FROM pg_catalog.pg_type WHERE oid = o.objid) NOT IN ('c')
+              AND (SELECT typrelid FROM pg_catalog.pg_type WHERE oid = o.objid) = 0
+              AND (SELECT typelem FROM pg_catalog.pg_type WHERE oid = o.objid) = 0 THEN
+            EXECUTE format('ALTER TYPE %s OWNER TO alkblobs_owner', o.objid::regtype);
+        END IF;
+    END LOOP;
+    -- Large objects the extension holds belong to it too (lo_unlink needs it).
+    FOR o IN SELECT m.oid FROM pg_catalog.pg_largeobject_metadata m
+              WHERE m.oid IN (SELECT e.loid FROM alkblobs.entries e WHERE e.loid IS NOT NULL
+                              UNION SELECT u.loid FROM alkblobs.uploads u)
+                AND m.lomowner <> 'alkblobs_owner'::regrole LOOP
+        EXECUTE format('ALTER LARGE OBJECT %s OWNER TO alkblobs_owner', o.oid);
     END LOOP;
 END $$;
-REVOKE ALL ON @extschema@.alkblobs_pools, @extschema@.alkblobs_pins, @extschema@.alkblobs_staged,
-    @extschema@.alkblobs_usage FROM PUBLIC;
+SELECT alkblobs.apply_policy();
 
 -- ...then each role gets exactly what it needs.
 GRANT SELECT ON @extschema@.alkblobs_pools, @extschema@.alkblobs_pins, @extschema@.alkblobs_staged,
-    @extschema@.alkblobs_usage TO alkblobs_reader;
+    @extschema@.alkblobs_usage, @extschema@.alkblobs_pool_grants TO alkblobs_reader;
+-- The views filter pools by the caller's access through alkblobs.may.
+GRANT EXECUTE ON FUNCTION alkblobs.may(alkblobs.pools, text) TO alkblobs_reader;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_get(text, bytea),
     @extschema@.alkblobs_stat(text, bytea),
@@ -90,19 +136,29 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_renew(text, text),
     @extschema@.alkblobs_pins_held(text, text, bytea[]),
     @extschema@.alkblobs_unpin_all(text, text),
-    @extschema@.alkblobs_lo_create(),
+    @extschema@.alkblobs_lo_create(text),
     @extschema@.alkblobs_lo_write(oid, bigint, bytea),
     @extschema@.alkblobs_lo_commit(text, bytea, oid, text)
   TO alkblobs_writer;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_stage(text, bytea[]),
     @extschema@.alkblobs_claim_local(text, integer),
-    @extschema@.alkblobs_sweep(text, boolean, integer, boolean)
+    @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer)
   TO alkblobs_sweeper;
 GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer) TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_create_pool(text, interval, interval, text),
     @extschema@.alkblobs_alter_pool(text, interval, interval),
-    @extschema@.alkblobs_register_liveness(text, regclass),
-    @extschema@.alkblobs_unregister_liveness(text, regclass)
+    @extschema@.alkblobs_register_liveness(text, regclass, boolean),
+    @extschema@.alkblobs_unregister_liveness(text, regclass),
+    @extschema@.alkblobs_grant_pool(text, regrole, text),
+    @extschema@.alkblobs_revoke_pool(text, regrole, text)
+  TO alkblobs_admin;
+-- Registration runs as the caller (it creates the guard trigger on the
+-- caller's table), so admins reach exactly these three internals.
+GRANT USAGE ON SCHEMA alkblobs TO alkblobs_admin;
+GRANT EXECUTE ON FUNCTION
+    alkblobs.liveness_guard(),
+    alkblobs.add_source(text, regclass, boolean),
+    alkblobs.remove_source(text, regclass)
   TO alkblobs_admin;

@@ -9,8 +9,12 @@
 //!    INSERT of the entry alone into a plain bytea table; one connection,
 //!    autocommit, so both pay one commit each.
 //! 3. Renewing 10,000 pins of one owner: one statement, timed.
+//! 4. Bounded work: a pool of 10,000,000 dead entries swept by repeated
+//!    `alkblobs_sweep` calls with the default `max_keys`, each call its own
+//!    transaction; prints the number of calls and the longest one.
 //!
-//! `ALKBLOBS_BENCH_PG_ENTRIES` overrides the pool size.
+//! `ALKBLOBS_BENCH_PG_ENTRIES` overrides the pool size of 1 and 3,
+//! `ALKBLOBS_BENCH_PG_BIG` the size of 4.
 
 use std::time::Instant;
 
@@ -44,9 +48,10 @@ async fn build(c: &Client, name: &str, live: &str, n: i64) {
     .await
     .unwrap();
     c.execute(
-        "INSERT INTO alkblobs.pins (pool, key, owner, expires_at)
-         SELECT p.id, alkblobs_key(int8send(g)), 'bench-owner', clock_timestamp() + interval '1 hour'
-           FROM alkblobs.pools p, generate_series(1, $2::bigint) g WHERE p.name = $1 AND g % 10 = 5",
+        "INSERT INTO alkblobs.pins (pool, key, role, owner, expires_at)
+         SELECT p.id, alkblobs_key(int8send(g)), r.oid, 'bench-owner', clock_timestamp() + interval '1 hour'
+           FROM alkblobs.pools p, generate_series(1, $2::bigint) g, pg_roles r
+          WHERE p.name = $1 AND g % 10 = 5 AND r.rolname = session_user",
         &[&name, &n],
     )
     .await
@@ -186,8 +191,13 @@ fn main() {
     let dead = n / 10;
     let mut a = |lat: &mut Lat| {
         let row = lat.time(|| {
-            rt.block_on(c.query_one("SELECT deleted, aborted FROM alkblobs_sweep($1)", &[&ours]))
-                .unwrap()
+            // One call over the whole pool (max_keys = n), to compare with
+            // one DELETE; section 4 measures the bounded calls.
+            rt.block_on(c.query_one(
+                "SELECT deleted, aborted FROM alkblobs_sweep($1, max_keys => $2::bigint::int)",
+                &[&ours, &n],
+            ))
+            .unwrap()
         });
         assert_eq!(
             row.get::<_, i64>(0),
@@ -220,9 +230,10 @@ fn main() {
 
     // 10,000 pins of one owner, renewed in one statement.
     rt.block_on(c.execute(
-        "INSERT INTO alkblobs.pins (pool, key, owner, expires_at)
-         SELECT p.id, alkblobs_key(int8send(g)), 'renewing-owner', clock_timestamp() + interval '1 hour'
-           FROM alkblobs.pools p, generate_series(1, 10000) g WHERE p.name = $1",
+        "INSERT INTO alkblobs.pins (pool, key, role, owner, expires_at)
+         SELECT p.id, alkblobs_key(int8send(g)), r.oid, 'renewing-owner', clock_timestamp() + interval '1 hour'
+           FROM alkblobs.pools p, generate_series(1, 10000) g, pg_roles r
+          WHERE p.name = $1 AND r.rolname = session_user",
         &[&ours],
     ))
     .unwrap();
@@ -252,5 +263,66 @@ fn main() {
             c.execute("DELETE FROM alkblobs.pools WHERE name = $1", &[p]).await.unwrap();
         }
         c.batch_execute(&format!("DROP TABLE {live}; DROP TABLE bench_raw_{tag}")).await.unwrap();
+    });
+
+    // 4. Bounded work over a big pool.
+    let big_n: i64 = std::env::var("ALKBLOBS_BENCH_PG_BIG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000_000);
+    let big = format!("bench-big-{tag}");
+    header(&format!(
+        "bounded sweep calls over {big_n} dead entries (default max_keys, one transaction per call)"
+    ));
+    let t = Instant::now();
+    rt.block_on(async {
+        c.execute("SELECT alkblobs_create_pool($1, '0 seconds', '1 hour')", &[&big])
+            .await
+            .unwrap();
+        let mut from = 1i64;
+        while from <= big_n {
+            let to = (from + 999_999).min(big_n);
+            c.execute(
+                "INSERT INTO alkblobs.entries (pool, key, size, tier, value)
+                 SELECT p.id, alkblobs_key(int8send(g)), 8, 'kv', int8send(g)
+                   FROM alkblobs.pools p, generate_series($2::bigint, $3::bigint) g WHERE p.name = $1",
+                &[&big, &from, &to],
+            )
+            .await
+            .unwrap();
+            from = to + 1;
+        }
+        c.batch_execute("VACUUM ANALYZE alkblobs.entries").await.unwrap();
+    });
+    println!("built {big_n} entries in {:.1?}", t.elapsed());
+    let (mut calls, mut longest, mut deleted, mut marking) =
+        (0u32, std::time::Duration::ZERO, 0i64, true);
+    let t = Instant::now();
+    loop {
+        let c0 = Instant::now();
+        let row = rt
+            .block_on(c.query_one(
+                "SELECT deleted, remaining, mark_done FROM alkblobs_sweep($1, mark => $2)",
+                &[&big, &marking],
+            ))
+            .unwrap();
+        longest = longest.max(c0.elapsed());
+        calls += 1;
+        deleted += row.get::<_, i64>(0);
+        if row.get::<_, bool>(2) {
+            marking = false;
+        }
+        if !marking && row.get::<_, i64>(1) == 0 {
+            break;
+        }
+    }
+    assert_eq!(deleted, big_n, "every dead entry went");
+    println!(
+        "swept {big_n} entries in {calls} calls, {:.1?} in all; longest call (= transaction) {longest:.2?}",
+        t.elapsed()
+    );
+    rt.block_on(async {
+        c.execute("DELETE FROM alkblobs.marks WHERE pool = (SELECT id FROM alkblobs.pools WHERE name = $1)", &[&big]).await.unwrap();
+        c.execute("DELETE FROM alkblobs.pools WHERE name = $1", &[&big]).await.unwrap();
     });
 }

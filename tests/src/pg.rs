@@ -111,3 +111,48 @@ pub async fn exists(c: &Client, pool: &str, key: &[u8]) -> bool {
         .get::<_, i64>(0)
         == 1
 }
+
+/// A connection as `role` (a LOGIN role; the test cluster trusts loopback).
+pub async fn connect_as(role: &str) -> Client {
+    let url = url().replacen("postgres@", &format!("{role}@"), 1);
+    let (client, conn) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect as {role}: {e}"));
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A new LOGIN role, unique to this run, member of `member_of` (e.g.
+/// `alkblobs_admin`). Created by the superuser connection `c`.
+pub async fn login_role(c: &Client, tag: &str, member_of: &str) -> String {
+    ensure_extension(c).await;
+    let name = format!(
+        "t_{tag}_{}_{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    );
+    c.batch_execute(&format!(
+        "CREATE ROLE {name} LOGIN IN ROLE {member_of}; GRANT CREATE ON SCHEMA public TO {name}"
+    ))
+    .await
+    .expect("create login role");
+    name
+}
+
+/// Grants `role` `access` ('read', 'write', 'sweep' or 'admin') on `pool`.
+/// (Tolerates only a server without per-pool grants, 42883, so that the
+/// hardening tests can be run against the extension from before they
+/// existed and fail on the defect they target rather than here.)
+pub async fn grant_pool(c: &Client, pool: &str, role: &str, access: &str) {
+    if let Err(e) = c
+        .execute(
+            "SELECT alkblobs_grant_pool($1, $2::text::regrole, $3)",
+            &[&pool, &role, &access],
+        )
+        .await
+    {
+        assert_eq!(sqlstate(&e), "42883", "alkblobs_grant_pool: {e}");
+    }
+}

@@ -25,6 +25,8 @@ async fn objects(c: &tokio_postgres::Client, pool: &str) -> i64 {
 async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches() {
     let c = connect().await;
     let pool = pool(&c, "lo-100k", "0 seconds", "60 seconds").await;
+    // The objects belong to alkblobs_owner, as every upload's does.
+    c.batch_execute("SET ROLE alkblobs_owner").await.unwrap();
     c.execute(
         "INSERT INTO alkblobs.entries (pool, key, size, tier, loid)
          SELECT p.id, alkblobs_key(int8send(g)), 8, 'lo', lo_from_bytea(0, int8send(g))
@@ -33,12 +35,13 @@ async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches(
     )
     .await
     .unwrap();
+    c.batch_execute("RESET ROLE").await.unwrap();
     assert_eq!(objects(&c, &pool).await, 100_000);
 
     // One unbounded transaction cannot hold 100k lo_unlink locks.
     let err = c
         .query_one(
-            "SELECT * FROM alkblobs_sweep($1, max_unlinks => 100000)",
+            "SELECT * FROM alkblobs_sweep($1, max_unlinks => 100000, max_keys => 100000)",
             &[&pool],
         )
         .await
@@ -53,7 +56,7 @@ async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches(
     // A bounded call does part of the work and reports the rest.
     let row = c
         .query_one(
-            "SELECT staged, deleted, remaining FROM alkblobs_sweep($1, max_unlinks => 1000)",
+            "SELECT staged, deleted, remaining FROM alkblobs_sweep($1, max_unlinks => 1000, max_keys => 100000)",
             &[&pool],
         )
         .await
@@ -225,7 +228,9 @@ async fn renewing_ten_thousand_pins_is_one_statement() {
     );
 }
 
-/// The upgrade path exists and applies; DROP and CREATE are clean.
+/// The upgrade path 0.1.0 -> 0.2.0 -> 0.3.0 exists and applies, carrying
+/// data and registrations and the install's privilege policy; DROP and
+/// CREATE are clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_extension_upgrades_and_drops_cleanly() {
     let admin = connect().await;
@@ -250,6 +255,16 @@ async fn the_extension_upgrades_and_drops_cleanly() {
     c.batch_execute("SELECT alkblobs_create_pool('u', '0 seconds')")
         .await
         .unwrap();
+    // 0.1.0 state the upgrade must carry: an entry, a pin, a registered
+    // liveness table naming the entry (with 0.1.0's BEFORE trigger).
+    c.batch_execute(
+        "SELECT alkblobs_put('u', alkblobs_key('old'), 'old', 'node-a');
+         CREATE TABLE u_refs (key bytea PRIMARY KEY);
+         SELECT alkblobs_register_liveness('u', 'u_refs');
+         INSERT INTO u_refs VALUES (alkblobs_key('old'));",
+    )
+    .await
+    .unwrap();
     c.batch_execute("ALTER EXTENSION alkblobs UPDATE TO '0.2.0'")
         .await
         .unwrap();
@@ -262,13 +277,82 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .unwrap()
         .get(0);
     assert_eq!(v, "0.2.0");
+    c.batch_execute("ALTER EXTENSION alkblobs UPDATE")
+        .await
+        .unwrap();
+    let v: String = c
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'alkblobs'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v, "0.3.0", "UPDATE goes to the default version");
     let pools: i64 = c
         .query_one("SELECT count(*) FROM alkblobs_pools", &[])
         .await
         .unwrap()
         .get(0);
     assert_eq!(pools, 1, "the upgrade kept the data");
-    c.batch_execute("DROP EXTENSION alkblobs").await.unwrap();
+    // The upgrade applies the install's policy: nothing but alkblobs_key is
+    // executable by PUBLIC, and nothing of the extension is owned by a
+    // superuser (every function included, new ones above all).
+    let public: Vec<String> = c
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p
+               JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+               JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
+              WHERE has_function_privilege('public', p.oid, 'EXECUTE') ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(public, vec!["alkblobs_key(bytea)".to_string()]);
+    let superuser_owned: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_proc p
+               JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+               JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
+               JOIN pg_roles r ON r.oid = p.proowner WHERE r.rolsuper",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        superuser_owned, 0,
+        "functions owned by a superuser after the upgrade"
+    );
+    // The old registration still protects (its guard was replaced), and the
+    // pool works under the new API.
+    let row = c
+        .query_one("SELECT deleted, aborted FROM alkblobs_sweep('u')", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, Option<String>>(1)),
+        (0, None)
+    );
+    c.batch_execute("SELECT alkblobs_unpin_all('u', 'node-a')")
+        .await
+        .unwrap();
+    let row = c
+        .query_one("SELECT deleted, kept FROM alkblobs_sweep('u')", &[])
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (0, 0));
+    let e = c
+        .batch_execute("INSERT INTO u_refs VALUES (alkblobs_key('never put'))")
+        .await
+        .unwrap_err();
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "AB002");
+    c.batch_execute("DROP TABLE u_refs; DROP EXTENSION alkblobs")
+        .await
+        .unwrap();
     let left: i64 = c
         .query_one(
             "SELECT count(*) FROM pg_namespace WHERE nspname = 'alkblobs'",

@@ -1,7 +1,9 @@
 //! The races the extension's SQL must close, each driven across real
-//! connections to the test server. Every test makes one session wait on
-//! another's lock (checked in pg_stat_activity, so the interleaving is real),
-//! then releases it, and asserts the outcome the protocol promises. See
+//! connections to the test server. Where the protocol makes one session
+//! wait on another's lock, the test checks that it really waited (in
+//! pg_stat_activity, so the interleaving is real); where the executor must
+//! not wait (it passes over a key someone is locking, SKIP LOCKED), the test
+//! checks that it returned with the key skipped and still staged. See
 //! docs/design.md for which guard each test covers and the mutation runs
 //! that show it fails without that guard.
 
@@ -37,6 +39,30 @@ async fn sweep(c: &Client, pool: &str) -> (i64, i64, Option<String>) {
         .await
         .unwrap();
     (r.get(0), r.get(1), r.get(2))
+}
+
+/// (deleted, kept, skipped, aborted) of one sweep call.
+async fn sweep_skipping(c: &Client, pool: &str) -> (i64, i64, i64, Option<String>) {
+    let r = c
+        .query_one(
+            "SELECT deleted, kept, skipped, aborted FROM alkblobs_sweep($1)",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2), r.get(3))
+}
+
+/// Whether `key` is staged in `pool`.
+async fn is_staged(c: &Client, pool: &str, key: &[u8]) -> bool {
+    c.query_one(
+        "SELECT count(*) FROM alkblobs_staged WHERE pool = $1 AND key = encode($2, 'hex')",
+        &[&pool, &key],
+    )
+    .await
+    .unwrap()
+    .get::<_, i64>(0)
+        == 1
 }
 
 /// A new table registered as a liveness source of `pool`; returns its name.
@@ -77,18 +103,16 @@ async fn a_pin_committing_while_the_executor_decides_keeps_the_key() {
         .unwrap()
         .get(0);
     assert!(pinned);
-    // The sweep marks the key (the pin is not committed, so invisible) and
-    // its executor must wait for that transaction before deciding.
-    let s_pid = pid(&s).await;
-    let pool2 = pool.clone();
-    let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
+    // The sweep marks the key (the pin is not committed, so invisible); its
+    // executor must pass over the locked key, not wait and not delete it.
+    assert_eq!(sweep_skipping(&s, &pool).await, (0, 0, 1, None));
     assert!(
-        waits_on_lock(&obs, s_pid).await,
-        "the executor did not wait for the pin"
+        is_staged(&obs, &pool, &k).await,
+        "the skipped key stays staged"
     );
     p.batch_execute("COMMIT").await.unwrap();
-    let (deleted, kept, aborted) = sweeper.await.unwrap();
-    assert_eq!((deleted, kept, aborted), (0, 1, None));
+    // The next sweep sees the committed pin.
+    assert_eq!(sweep_skipping(&s, &pool).await, (0, 1, 0, None));
     assert!(
         exists(&obs, &pool, &k).await,
         "a committed pin lost its key"
@@ -109,16 +133,15 @@ async fn a_put_committing_while_the_executor_decides_keeps_the_key() {
         !put(&p, &pool, value, "writer").await,
         "a dedup put is not new"
     );
-    let s_pid = pid(&s).await;
-    let pool2 = pool.clone();
-    let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
-    assert!(
-        waits_on_lock(&obs, s_pid).await,
-        "the executor did not wait for the put"
-    );
+    // The put holds the entry and is removing its staged row: passed over.
+    let (deleted, _, skipped, aborted) = sweep_skipping(&s, &pool).await;
+    assert_eq!((deleted, skipped, aborted), (0, 1, None));
     p.batch_execute("COMMIT").await.unwrap();
-    let (deleted, _, aborted) = sweeper.await.unwrap();
-    assert_eq!((deleted, aborted), (0, None));
+    assert_eq!(
+        sweep(&s, &pool).await,
+        (0, 1, None),
+        "the committed pin keeps it"
+    );
     assert!(
         exists(&obs, &pool, &k).await,
         "a committed put lost its key"
@@ -233,21 +256,15 @@ async fn a_liveness_row_written_before_the_executor_decides_keeps_the_key() {
 
     // The embedder records the key in an open transaction: the guard
     // trigger holds the entry FOR KEY SHARE. The sweep's mark cannot see
-    // the uncommitted row, stages the key, and its executor must wait.
+    // the uncommitted row and stages the key; its executor passes over it.
     l.batch_execute("BEGIN").await.unwrap();
     l.execute(&format!("INSERT INTO {table} (key) VALUES ($1)"), &[&k])
         .await
         .unwrap();
-    let s_pid = pid(&s).await;
-    let pool2 = pool.clone();
-    let sweeper = tokio::spawn(async move { sweep(&s, &pool2).await });
-    assert!(
-        waits_on_lock(&obs, s_pid).await,
-        "the executor did not wait for the liveness row"
-    );
+    assert_eq!(sweep_skipping(&s, &pool).await, (0, 0, 1, None));
+    assert!(is_staged(&obs, &pool, &k).await);
     l.batch_execute("COMMIT").await.unwrap();
-    let (deleted, kept, aborted) = sweeper.await.unwrap();
-    assert_eq!((deleted, kept, aborted), (0, 1, None));
+    assert_eq!(sweep_skipping(&s, &pool).await, (0, 1, 0, None));
     assert!(
         exists(&obs, &pool, &k).await,
         "a committed liveness row lost its key"
@@ -362,34 +379,44 @@ async fn a_renewal_racing_the_reaper_at_expiry_keeps_the_pin() {
         .get(0);
     assert_eq!(n, 1);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    // The reaper sees the committed (expired) version, must wait for the
-    // renewal, and then re-checks the renewed row: not expired, not reaped.
-    let s_pid = pid(&s).await;
-    let pool2 = pool.clone();
-    let sweeper = tokio::spawn(async move {
-        let row = s
-            .query_one(
-                "SELECT deleted, pins_reaped, aborted FROM alkblobs_sweep($1)",
-                &[&pool2],
-            )
-            .await
-            .unwrap();
+    // The reaper sees the committed (expired) version of a row someone is
+    // renewing: it passes over it (SKIP LOCKED) rather than wait; the mark
+    // stages the key (the committed pin is expired) and the executor finds
+    // the pin row locked and keeps the key staged.
+    let row = s
+        .query_one(
+            "SELECT deleted, pins_reaped, skipped, aborted FROM alkblobs_sweep($1)",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
         (
             row.get::<_, i64>(0),
             row.get::<_, i64>(1),
-            row.get::<_, Option<String>>(2),
-        )
-    });
-    assert!(
-        waits_on_lock(&obs, s_pid).await,
-        "the reaper did not wait for the renewal"
+            row.get::<_, i64>(2),
+            row.get::<_, Option<String>>(3)
+        ),
+        (0, 0, 1, None)
     );
     r.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(sweeper.await.unwrap(), (0, 0, None));
+    assert_eq!(
+        sweep(&s, &pool).await,
+        (0, 1, None),
+        "the renewed pin keeps it"
+    );
     assert!(
         exists(&obs, &pool, &key(value)).await,
         "a renewed pin lost its key"
     );
+    let held = obs
+        .query(
+            "SELECT * FROM alkblobs_pins_held($1, 'node-a', $2)",
+            &[&pool, &vec![key(value)]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1, "the renewal kept the pin");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
