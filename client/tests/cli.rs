@@ -484,5 +484,9 @@ fn ls_long_json_is_valid_when_the_first_listed_key_has_vanished() {
     }
     let long: serde_json::Value =
         serde_json::from_str(&ok(d, &["ls", "--long", "--json"])).unwrap();
-    assert_eq!(long.as_array().unwrap().len(), 1, "the vanished key is skipped");
+    assert_eq!(
+        long.as_array().unwrap().len(),
+        1,
+        "the vanished key is skipped"
+    );
 }
