@@ -413,10 +413,33 @@ $$;
 
 -- Validates pool settings (NULLs are "unchanged" and pass). The maxima keep
 -- every later `mark_end + window` and `clock_timestamp() + ttl` in range.
+-- True for an interval with a month or year part, a negative day part or a
+-- negative time part (NULL: "unchanged", false).
+CREATE OR REPLACE FUNCTION alkblobs.mixed_interval(i interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(extract(year FROM i) <> 0 OR extract(month FROM i) <> 0
+                    OR extract(day FROM i) < 0
+                    OR extract(epoch FROM i) - extract(day FROM i) * 86400 < 0, false)
+$$;
+
 CREATE OR REPLACE FUNCTION alkblobs.check_settings(w interval, ttl interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- Interval comparison folds a month into 30 days, so a mixed-unit value
+    -- ('3600000 months -107999700 days') can compare as small and still
+    -- overflow or go negative when added to a timestamp. Only plain spans
+    -- of days, hours, minutes and seconds, none of them negative, are
+    -- accepted; then the comparison below is exact.
+    IF alkblobs.mixed_interval(w) THEN
+        RAISE EXCEPTION 'delete_window must be days, hours, minutes and seconds with no month, year or negative part, got %', w
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF alkblobs.mixed_interval(ttl) THEN
+        RAISE EXCEPTION 'pin_ttl must be days, hours, minutes and seconds with no month, year or negative part, got %', ttl
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF w < interval '0' OR w > interval '366 days' THEN
         RAISE EXCEPTION 'delete_window must be between 0 and 366 days, got %', w USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1640,27 +1663,30 @@ END $$;
 
 -- alkblobs extension: views, roles and grants (runs last).
 
--- Every view shows only the pools the caller (session_user) may read.
-CREATE VIEW @extschema@.alkblobs_pools AS
+-- Every view shows only the pools the caller (session_user) may read. The
+-- views are security barriers: a caller's own WHERE clause (a cast that
+-- fails on a foreign value, a function in pg_temp) is applied only to rows
+-- the pool filter already let through, so it cannot see other pools' rows.
+CREATE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
        coalesce(o.rolname, p.owner::text) AS owner, p.created_at
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
-CREATE VIEW @extschema@.alkblobs_pool_grants AS
+CREATE VIEW @extschema@.alkblobs_pool_grants WITH (security_barrier) AS
 SELECT p.name AS pool, coalesce(r.rolname, g.grantee::text) AS grantee, g.access
   FROM alkblobs.pool_grants g JOIN alkblobs.pools p ON p.id = g.pool
   LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
  WHERE alkblobs.may(p, 'read');
 
-CREATE VIEW @extschema@.alkblobs_pins AS
+CREATE VIEW @extschema@.alkblobs_pins WITH (security_barrier) AS
 SELECT p.name AS pool, encode(pn.key, 'hex') AS key, coalesce(r.rolname, pn.role::text) AS role, pn.owner,
        pn.pinned_at, pn.expires_at, pn.expires_at <= clock_timestamp() AS expired
   FROM alkblobs.pins pn JOIN alkblobs.pools p ON p.id = pn.pool
   LEFT JOIN pg_catalog.pg_roles r ON r.oid = pn.role
  WHERE alkblobs.may(p, 'read');
 
-CREATE VIEW @extschema@.alkblobs_staged AS
+CREATE VIEW @extschema@.alkblobs_staged WITH (security_barrier) AS
 SELECT p.name AS pool, encode(s.key, 'hex') AS key, s.tier, s.staged_at,
        mk.mark_end + mk.delete_window AS visible_after,
        coalesce(mk.mark_end + mk.delete_window <= clock_timestamp(), false) AS due
@@ -1669,7 +1695,7 @@ SELECT p.name AS pool, encode(s.key, 'hex') AS key, s.tier, s.staged_at,
   JOIN alkblobs.pools p ON p.id = s.pool
  WHERE alkblobs.may(p, 'read');
 
-CREATE VIEW @extschema@.alkblobs_usage AS
+CREATE VIEW @extschema@.alkblobs_usage WITH (security_barrier) AS
 SELECT p.name AS pool,
        coalesce(e.kv_entries, 0) AS kv_entries, coalesce(e.kv_bytes, 0) AS kv_bytes,
        coalesce(e.lo_entries, 0) AS lo_entries, coalesce(e.lo_bytes, 0) AS lo_bytes,

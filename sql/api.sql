@@ -291,10 +291,33 @@ $$;
 
 -- Validates pool settings (NULLs are "unchanged" and pass). The maxima keep
 -- every later `mark_end + window` and `clock_timestamp() + ttl` in range.
+-- True for an interval with a month or year part, a negative day part or a
+-- negative time part (NULL: "unchanged", false).
+CREATE FUNCTION alkblobs.mixed_interval(i interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(extract(year FROM i) <> 0 OR extract(month FROM i) <> 0
+                    OR extract(day FROM i) < 0
+                    OR extract(epoch FROM i) - extract(day FROM i) * 86400 < 0, false)
+$$;
+
 CREATE FUNCTION alkblobs.check_settings(w interval, ttl interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- Interval comparison folds a month into 30 days, so a mixed-unit value
+    -- ('3600000 months -107999700 days') can compare as small and still
+    -- overflow or go negative when added to a timestamp. Only plain spans
+    -- of days, hours, minutes and seconds, none of them negative, are
+    -- accepted; then the comparison below is exact.
+    IF alkblobs.mixed_interval(w) THEN
+        RAISE EXCEPTION 'delete_window must be days, hours, minutes and seconds with no month, year or negative part, got %', w
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF alkblobs.mixed_interval(ttl) THEN
+        RAISE EXCEPTION 'pin_ttl must be days, hours, minutes and seconds with no month, year or negative part, got %', ttl
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF w < interval '0' OR w > interval '366 days' THEN
         RAISE EXCEPTION 'delete_window must be between 0 and 366 days, got %', w USING ERRCODE = 'invalid_parameter_value';
     END IF;

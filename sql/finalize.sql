@@ -1,26 +1,29 @@
 -- alkblobs extension: views, roles and grants (runs last).
 
--- Every view shows only the pools the caller (session_user) may read.
-CREATE VIEW @extschema@.alkblobs_pools AS
+-- Every view shows only the pools the caller (session_user) may read. The
+-- views are security barriers: a caller's own WHERE clause (a cast that
+-- fails on a foreign value, a function in pg_temp) is applied only to rows
+-- the pool filter already let through, so it cannot see other pools' rows.
+CREATE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
        coalesce(o.rolname, p.owner::text) AS owner, p.created_at
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
-CREATE VIEW @extschema@.alkblobs_pool_grants AS
+CREATE VIEW @extschema@.alkblobs_pool_grants WITH (security_barrier) AS
 SELECT p.name AS pool, coalesce(r.rolname, g.grantee::text) AS grantee, g.access
   FROM alkblobs.pool_grants g JOIN alkblobs.pools p ON p.id = g.pool
   LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
  WHERE alkblobs.may(p, 'read');
 
-CREATE VIEW @extschema@.alkblobs_pins AS
+CREATE VIEW @extschema@.alkblobs_pins WITH (security_barrier) AS
 SELECT p.name AS pool, encode(pn.key, 'hex') AS key, coalesce(r.rolname, pn.role::text) AS role, pn.owner,
        pn.pinned_at, pn.expires_at, pn.expires_at <= clock_timestamp() AS expired
   FROM alkblobs.pins pn JOIN alkblobs.pools p ON p.id = pn.pool
   LEFT JOIN pg_catalog.pg_roles r ON r.oid = pn.role
  WHERE alkblobs.may(p, 'read');
 
-CREATE VIEW @extschema@.alkblobs_staged AS
+CREATE VIEW @extschema@.alkblobs_staged WITH (security_barrier) AS
 SELECT p.name AS pool, encode(s.key, 'hex') AS key, s.tier, s.staged_at,
        mk.mark_end + mk.delete_window AS visible_after,
        coalesce(mk.mark_end + mk.delete_window <= clock_timestamp(), false) AS due
@@ -29,7 +32,7 @@ SELECT p.name AS pool, encode(s.key, 'hex') AS key, s.tier, s.staged_at,
   JOIN alkblobs.pools p ON p.id = s.pool
  WHERE alkblobs.may(p, 'read');
 
-CREATE VIEW @extschema@.alkblobs_usage AS
+CREATE VIEW @extschema@.alkblobs_usage WITH (security_barrier) AS
 SELECT p.name AS pool,
        coalesce(e.kv_entries, 0) AS kv_entries, coalesce(e.kv_bytes, 0) AS kv_bytes,
        coalesce(e.lo_entries, 0) AS lo_entries, coalesce(e.lo_bytes, 0) AS lo_bytes,
