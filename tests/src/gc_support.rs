@@ -143,3 +143,33 @@ impl Live {
         self.0.lock().await.remove(k);
     }
 }
+
+/// sqlite + local behind the (disarmed) fault wrapper, with the sqlite
+/// database's durable tables given to the arbiter explicitly (the builder
+/// cannot see through the wrapper to pair them itself). The caller adds
+/// the threshold and builds.
+pub async fn faulty_durable_tables(
+    dir: &std::path::Path,
+    durability: Durability,
+) -> alkblobs::StoreBuilder {
+    use alkblobs::arbiter::single::{SingleNodeArbiter, SqliteTables};
+    use alkblobs::conformance::fault::FaultBackend;
+    let db = SqliteBackend::open(
+        dir.join("index.sqlite"),
+        SqliteOptions::default().durability(durability),
+    )
+    .await
+    .unwrap();
+    let local = LocalBackend::open(
+        dir.join("large"),
+        LocalOptions::default().durability(durability),
+    )
+    .await
+    .unwrap();
+    let tables = Arc::new(SqliteTables::attach(&db));
+    let arbiter = SingleNodeArbiter::with_tables(tables, alkblobs::arbiter::DEFAULT_WINDOW);
+    Store::builder()
+        .kv(FaultBackend::new(Arc::new(db)))
+        .large(FaultBackend::new(Arc::new(local)))
+        .arbiter(Arc::new(arbiter))
+}

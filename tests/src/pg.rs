@@ -156,3 +156,31 @@ pub async fn grant_pool(c: &Client, pool: &str, role: &str, access: &str) {
         assert_eq!(sqlstate(&e), "42883", "alkblobs_grant_pool: {e}");
     }
 }
+
+/// `alkblobs_put` of `value` pinned for `owner`; true if the entry is new.
+pub async fn put(c: &Client, pool: &str, value: &[u8], owner: &str) -> bool {
+    c.query_one(
+        "SELECT alkblobs_put($1, $2, $3, $4)",
+        &[&pool, &key(value), &value, &owner],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Releases `owner`'s pin on `value`'s key.
+pub async fn unpin(c: &Client, pool: &str, value: &[u8], owner: &str) {
+    c.query_one(
+        "SELECT alkblobs_unpin($1, $2, $3)",
+        &[&pool, &key(value), &owner],
+    )
+    .await
+    .unwrap();
+}
+
+/// An unprotected entry: put, then unpinned. Returns its key.
+pub async fn garbage(c: &Client, pool: &str, value: &[u8]) -> Vec<u8> {
+    put(c, pool, value, "setup").await;
+    unpin(c, pool, value, "setup").await;
+    key(value)
+}

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use alkblobs::arbiter::single::{SingleNodeArbiter, SqliteTables};
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::mem::MemBackend;
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
 use alkblobs::conformance::fault::FaultBackend;
 use alkblobs::{Durability, Error, ErrorKind, Store, arbiter_suite};
+use alkblobs_tests::gc_support::faulty_durable_tables;
 
 async fn sqlite(dir: &std::path::Path) -> SqliteBackend {
     let opts = SqliteOptions::default().durability(Durability::Relaxed);
@@ -74,17 +74,8 @@ arbiter_suite!(open_dir, async {
 
 arbiter_suite!(faulty_wrapped, async {
     let dir = tempfile::tempdir().unwrap();
-    // Durable tables given explicitly: the builder cannot see through the
-    // wrapper to pair them itself.
-    let db = sqlite(dir.path()).await;
-    let tables = Arc::new(SqliteTables::attach(&db));
-    let arbiter = SingleNodeArbiter::with_tables(tables, alkblobs::arbiter::DEFAULT_WINDOW);
-    let kv = FaultBackend::new(Arc::new(db));
-    let large = FaultBackend::new(Arc::new(local(dir.path()).await));
-    let s = Store::builder()
-        .kv(kv)
-        .large(large)
-        .arbiter(Arc::new(arbiter))
+    let s = faulty_durable_tables(dir.path(), Durability::Relaxed)
+        .await
         .threshold(1024)
         .build()
         .unwrap();

@@ -12,10 +12,8 @@ fn wal_files(dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-/// `close` checkpoints and removes the WAL, and later calls fail with an
-/// error (no panic, nothing lost: reopening finds every blob).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_checkpoints_and_removes_the_wal() {
+/// A relaxed embedded store holding 200 blobs of 4 KiB.
+async fn store_with_blobs() -> (tempfile::TempDir, Store, Vec<alkblobs::Key>) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_dir_with(dir.path(), DirOptions::new().relaxed())
         .await
@@ -24,6 +22,14 @@ async fn close_checkpoints_and_removes_the_wal() {
     for i in 0..200 {
         keys.push(store.put(data(i, 4096)).await.unwrap().key);
     }
+    (dir, store, keys)
+}
+
+/// `close` checkpoints and removes the WAL, and later calls fail with an
+/// error (no panic, nothing lost: reopening finds every blob).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_checkpoints_and_removes_the_wal() {
+    let (dir, store, keys) = store_with_blobs().await;
     assert!(
         !wal_files(dir.path()).is_empty(),
         "a WAL exists while the store is open"
@@ -52,14 +58,7 @@ async fn close_checkpoints_and_removes_the_wal() {
 /// readers close before the writer, so the writer's close checkpoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_last_handle_removes_the_wal() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_dir_with(dir.path(), DirOptions::new().relaxed())
-        .await
-        .unwrap();
-    let mut keys = Vec::new();
-    for i in 0..200 {
-        keys.push(store.put(data(i, 4096)).await.unwrap().key);
-    }
+    let (dir, store, keys) = store_with_blobs().await;
     // Reads put connections into the reader pool.
     for k in &keys {
         assert!(store.get(k).await.unwrap().is_some());

@@ -7,31 +7,10 @@
 use std::time::Duration;
 
 use alkblobs_tests::pg::{
-    connect, connect_as, exists, grant_pool, key, login_role, pid, pool, sqlstate, waits_on_lock,
+    connect, connect_as, exists, garbage, grant_pool, key, login_role, pid, pool, put, sqlstate,
+    waits_on_lock,
 };
 use tokio_postgres::Client;
-
-async fn put(c: &Client, pool: &str, value: &[u8], owner: &str) -> bool {
-    c.query_one(
-        "SELECT alkblobs_put($1, $2, $3, $4)",
-        &[&pool, &key(value), &value, &owner],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
-
-/// An unprotected entry: put, then unpinned.
-async fn garbage(c: &Client, pool: &str, value: &[u8]) -> Vec<u8> {
-    put(c, pool, value, "setup").await;
-    c.query_one(
-        "SELECT alkblobs_unpin($1, $2, 'setup')",
-        &[&pool, &key(value)],
-    )
-    .await
-    .unwrap();
-    key(value)
-}
 
 /// (deleted, aborted) of one sweep call, or its SQLSTATE.
 async fn try_sweep(c: &Client, pool: &str) -> Result<(i64, Option<String>), String> {

@@ -7,27 +7,8 @@
 //! docs/design.md for which guard each test covers and the mutation runs
 //! that show it fails without that guard.
 
-use alkblobs_tests::pg::{connect, exists, key, pid, pool, sqlstate, waits_on_lock};
+use alkblobs_tests::pg::{connect, exists, garbage, key, pid, pool, put, sqlstate, waits_on_lock};
 use tokio_postgres::Client;
-
-async fn put(c: &Client, pool: &str, value: &[u8], owner: &str) -> bool {
-    c.query_one(
-        "SELECT alkblobs_put($1, $2, $3, $4)",
-        &[&pool, &key(value), &value, &owner],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
-
-async fn unpin(c: &Client, pool: &str, value: &[u8], owner: &str) {
-    c.query_one(
-        "SELECT alkblobs_unpin($1, $2, $3)",
-        &[&pool, &key(value), &owner],
-    )
-    .await
-    .unwrap();
-}
 
 /// (deleted, kept, aborted) of one sweep call.
 async fn sweep(c: &Client, pool: &str) -> (i64, i64, Option<String>) {
@@ -78,13 +59,6 @@ async fn liveness_table(c: &Client, pool: &str) -> String {
     .await
     .unwrap();
     table
-}
-
-/// An unprotected entry: put, then unpinned.
-async fn garbage(c: &Client, pool: &str, value: &[u8]) -> Vec<u8> {
-    put(c, pool, value, "setup").await;
-    unpin(c, pool, value, "setup").await;
-    key(value)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,15 +1,12 @@
 //! The store conformance suite over every store configuration.
 
-use std::sync::Arc;
-
-use alkblobs::arbiter::single::{SingleNodeArbiter, SqliteTables};
 use alkblobs::backend::local::{LocalBackend, LocalOptions};
 use alkblobs::backend::mem::MemBackend;
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
-use alkblobs::conformance::fault::FaultBackend;
 use alkblobs::conformance::store::Config;
 use alkblobs::store_suite;
 use alkblobs::{Durability, Store};
+use alkblobs_tests::gc_support::faulty_durable_tables;
 
 const MIB: usize = 1 << 20;
 const TIERED: Config = Config {
@@ -106,17 +103,8 @@ store_suite!(open_dir_relaxed, TIERED, async {
 // Engines behind the fault wrapper (disarmed) behave exactly the same.
 store_suite!(faulty_wrapped, TIERED, async {
     let dir = tempfile::tempdir().unwrap();
-    // The wrapped sqlite engine keeps its durable tables: the arbiter is
-    // given them explicitly (the builder cannot see through the wrapper).
-    let db = sqlite(dir.path()).await;
-    let tables = Arc::new(SqliteTables::attach(&db));
-    let arbiter = SingleNodeArbiter::with_tables(tables, alkblobs::arbiter::DEFAULT_WINDOW);
-    let kv = FaultBackend::new(Arc::new(db));
-    let large = FaultBackend::new(Arc::new(local(dir.path()).await));
-    let s = Store::builder()
-        .kv(kv)
-        .large(large)
-        .arbiter(Arc::new(arbiter))
+    let s = faulty_durable_tables(dir.path(), Durability::Durable)
+        .await
         .build()
         .unwrap();
     (s, dir)

@@ -66,8 +66,6 @@ impl PinGuard {
             other.own = 0;
             self.keys.append(&mut other.keys);
             self.others.append(&mut other.others);
-        } else if self.holder.is_none() && self.keys.is_empty() {
-            *self = other;
         } else {
             self.keys.extend_from_slice(&other.keys);
             self.others.push(other);
