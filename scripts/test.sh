@@ -22,6 +22,12 @@ scripts/install-extension.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "the current version's upgrade script is generated from sql/ (scripts/gen-upgrade.py)"
+version=$(sed -n 's/^version = "\([0-9.]*\)".*/\1/p' pg_ext/Cargo.toml)
+upgrade=$(ls sql/alkblobs--*--"$version".sql)
+from=${upgrade#sql/alkblobs--}; from=${from%%--*}
+python3 scripts/gen-upgrade.py "$from" "$version" --check
+
 step "cargo clippy (workspace, then the extension)"
 cargo clippy --all-targets -- -D warnings
 cargo clippy -p alkblobs-pg -- -D warnings
@@ -44,6 +50,6 @@ step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
 step "PostgreSQL race, protocol and hardening suites"
-ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening
+ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit
 
 step "all tests passed"

@@ -37,21 +37,14 @@
 --   AB003 (alkblobs) isolation      the call needs READ COMMITTED
 --   AB004 (alkblobs) bad source     a registered liveness table no longer
 --                                   passes validation; nothing was done
+--   55P03 lock_not_available        a registered liveness table stayed
+--                                   locked by someone else's DDL for 5 s
 
 -- Internal helpers ----------------------------------------------------------
 
 -- The advisory lock class of pool locks: 'alkb'. The object id is the pool id.
 CREATE FUNCTION alkblobs.lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 1634495330';
-
--- The advisory lock (bigint form, which never collides with the two-int
--- pool locks) of a local-tier key's bucket: 256 buckets per pool, so a
--- writer holds at most 256 of them however many rows it writes.
-CREATE FUNCTION alkblobs.bucket_lock(p integer, k bytea) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT (1634495330::bigint << 20) + (p::bigint << 8) + pg_catalog.get_byte(k, 0)
-$$;
 
 -- The calling role: the session's login role.
 CREATE FUNCTION alkblobs.caller() RETURNS oid
@@ -158,7 +151,12 @@ END $$;
 -- must see every row), a `key` column of type exactly bytea (a type with
 -- an implicit cast to bytea would run its owner's cast function as
 -- alkblobs_owner), no INHERITS children (read through the parent, never
--- guarded), and the extension's own guard trigger, enabled, on it and on
+-- guarded), not unlogged (a crash would empty it), no user-defined
+-- function or operator in anything a query of the table may evaluate while
+-- it is planned or scanned (index expressions and predicates, constraints,
+-- partition keys, extended statistics: the planner folds them as the
+-- definer, alkblobs_owner), and the extension's own guard trigger, enabled
+-- ALWAYS (also under session_replication_role = replica), on it and on
 -- every partition. VOLATILE on purpose: each statement reads the catalog
 -- as it is now.
 CREATE FUNCTION alkblobs.source_problem(rel oid) RETURNS text
@@ -180,6 +178,9 @@ BEGIN
     IF c.relpersistence = 't' THEN
         RETURN 'is a temporary table';
     END IF;
+    IF c.relpersistence = 'u' THEN
+        RETURN 'is an unlogged table (a crash empties it, and every key it protected with it)';
+    END IF;
     IF c.relrowsecurity THEN
         RETURN 'has row-level security enabled (a sweep must see every row)';
     END IF;
@@ -197,14 +198,36 @@ BEGIN
     IF c.relkind = 'r' AND EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhparent = rel) THEN
         RETURN 'has INHERITS children (a sweep reads their rows, the guard does not see their writes)';
     END IF;
+    -- User code the planner or executor could run as the definer: every
+    -- dependency of the table itself (partition key expressions), of its
+    -- indexes (expressions, predicates), constraints and extended
+    -- statistics on a function or operator that is not built in.
+    SELECT format('%s %s', CASE d.refclassid WHEN 'pg_catalog.pg_proc'::pg_catalog.regclass THEN 'function' ELSE 'operator' END,
+                  CASE d.refclassid WHEN 'pg_catalog.pg_proc'::pg_catalog.regclass THEN d.refobjid::pg_catalog.regprocedure::text
+                                    ELSE d.refobjid::pg_catalog.regoperator::text END)
+      INTO prob
+      FROM pg_catalog.pg_depend d
+     WHERE d.refclassid IN ('pg_catalog.pg_proc'::pg_catalog.regclass, 'pg_catalog.pg_operator'::pg_catalog.regclass)
+       AND d.refobjid >= 16384
+       AND ((d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+             AND (d.objid = rel OR d.objid IN (SELECT ix.indexrelid FROM pg_catalog.pg_index ix WHERE ix.indrelid = rel)))
+         OR (d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass
+             AND d.objid IN (SELECT co.oid FROM pg_catalog.pg_constraint co WHERE co.conrelid = rel))
+         OR (d.classid = 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass
+             AND d.objid IN (SELECT st.oid FROM pg_catalog.pg_statistic_ext st WHERE st.stxrelid = rel)))
+     ORDER BY d.refobjid LIMIT 1;
+    IF prob IS NOT NULL THEN
+        RETURN format('uses the user-defined %s in an index, constraint, partition key or statistics object (a sweep would run it as alkblobs_owner)', prob);
+    END IF;
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_trigger tg
          WHERE tg.tgrelid = rel AND tg.tgname = 'alkblobs_liveness_guard'
            AND tg.tgfoid = 'alkblobs.liveness_guard()'::pg_catalog.regprocedure
            AND tg.tgtype = 21  -- ROW | INSERT | UPDATE, AFTER
-           AND tg.tgenabled IN ('O', 'A') AND tg.tgqual IS NULL AND tg.tgnargs = 0
+           AND tg.tgenabled = 'A' AND tg.tgqual IS NULL AND tg.tgnargs = 0
+           AND tg.tgconstraint = 0 AND NOT tg.tgdeferrable
            AND coalesce(pg_catalog.array_length(tg.tgattr::int2[], 1), 0) = 0) THEN
-        RETURN 'lacks its guard trigger alkblobs_liveness_guard (missing, altered or disabled)';
+        RETURN 'lacks its guard trigger alkblobs_liveness_guard (missing, altered, deferred or not ENABLE ALWAYS)';
     END IF;
     IF c.relkind = 'p' THEN
         FOR child IN SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE i.inhparent = rel ORDER BY 1 LOOP
@@ -217,7 +240,8 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- source_problem plus what alkblobs_owner itself needs to read the table.
+-- source_problem plus what alkblobs_owner itself needs to read the table
+-- through its parent: USAGE on its schema and SELECT on it.
 CREATE FUNCTION alkblobs.source_problem_top(rel oid) RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
@@ -230,56 +254,135 @@ BEGIN
     IF NOT pg_catalog.has_schema_privilege('alkblobs_owner',
             (SELECT c.relnamespace FROM pg_catalog.pg_class c WHERE c.oid = rel), 'USAGE')
        OR NOT pg_catalog.has_table_privilege('alkblobs_owner', rel, 'SELECT') THEN
-        RETURN 'is not readable by alkblobs_owner (USAGE on its schema and SELECT on it are needed)';
+        RETURN 'is not readable by alkblobs_owner (USAGE on its schema and SELECT on it are needed; register it again)';
     END IF;
     RETURN NULL;
 END $$;
 
--- Takes ACCESS SHARE on every liveness table of pool p (so none can be
--- dropped, retyped, turned into a view or given rules or row security while
--- this transaction relies on it) and then validates each one. Returns the
--- first problem as '<table> <why>', or NULL when every source is sound. A
--- table dropped before its lock was granted is skipped: its DROP removed
--- the registration.
-CREATE FUNCTION alkblobs.check_sources(p integer) RETURNS text
+-- The name under which the extension reads registered table `rel`: a view
+-- alkblobs.src_<oid> over it, owned by alkblobs_owner in the extension's
+-- own schema. A view is bound to the table's OID when it is created, so
+-- no later rename of the table or of its schema can make a sweep read
+-- another relation (ALTER SCHEMA … RENAME takes no lock on the tables in
+-- it); and while it exists the table's "key" column cannot be retyped or
+-- dropped, and DROP TABLE needs CASCADE (or unregistering first).
+CREATE FUNCTION alkblobs.source_name(rel oid) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pg_catalog.format('alkblobs.%I', 'src_' || rel::text)
+$$;
+
+-- Creates the view of registered table `rel` if it is missing, and checks
+-- that it reads `rel` and nothing else (the name used to create it is
+-- resolved once, here, and might have been made to mean another relation
+-- a moment ago). Returns the problem, or NULL.
+CREATE FUNCTION alkblobs.ensure_view(rel oid) RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v text := alkblobs.source_name(rel);
+    reads oid[];
+BEGIN
+    IF pg_catalog.to_regclass(v) IS NULL THEN
+        EXECUTE format('CREATE VIEW %s AS SELECT lv.key FROM %s lv', v, rel::pg_catalog.regclass);
+    END IF;
+    SELECT pg_catalog.array_agg(DISTINCT d.refobjid ORDER BY d.refobjid) INTO reads
+      FROM pg_catalog.pg_rewrite rw
+      JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
+     WHERE rw.ev_class = v::pg_catalog.regclass AND d.refobjid <> rw.ev_class
+       AND d.refclassid IN ('pg_catalog.pg_class'::pg_catalog.regclass, 'pg_catalog.pg_proc'::pg_catalog.regclass,
+                            'pg_catalog.pg_operator'::pg_catalog.regclass, 'pg_catalog.pg_type'::pg_catalog.regclass);
+    IF reads IS DISTINCT FROM ARRAY[rel] THEN
+        EXECUTE format('DROP VIEW %s', v);
+        RETURN 'was being renamed while the extension read it (its name meant another relation); try again';
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Locks registered table `rel` (and each partition) IN SHARE UPDATE
+-- EXCLUSIVE MODE by OID, then validates it and makes sure its view reads
+-- it (a new statement after the lock: in READ COMMITTED the catalog as it
+-- is now). That lock leaves the table's writers alone (they take ROW
+-- EXCLUSIVE) but freezes its definition until this transaction ends: no
+-- CREATE INDEX (plain or CONCURRENTLY), CREATE STATISTICS, ALTER TABLE
+-- (DISABLE TRIGGER, ATTACH PARTITION, INHERIT, ENABLE ROW LEVEL SECURITY)
+-- or CREATE RULE can slip in between the validation and the queries that
+-- rely on it. Waits at most 5 s for DDL in progress (lock_timeout,
+-- restored on return): `busy` then. `gone` when the table was dropped (its
+-- DROP removed the registration).
+CREATE FUNCTION alkblobs.lock_source(rel oid, OUT problem text, OUT busy boolean, OUT gone boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5s' AS $$
+BEGIN
+    busy := false;
+    gone := false;
+    BEGIN
+        PERFORM alkblobs.lock_for_sweep(rel);
+        -- Partitions are read through their parent: lock them too (no
+        -- partition can be attached or detached meanwhile: that needs a
+        -- lock on the parent that conflicts with ours).
+        PERFORM alkblobs.lock_for_sweep(t.relid)
+           FROM pg_catalog.pg_partition_tree(rel) t WHERE t.relid <> rel;
+    EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+        busy := true;
+        problem := 'is locked by DDL in progress (waited 5 s)';
+        RETURN;
+    END;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = rel) THEN
+        gone := true;
+        RETURN;
+    END IF;
+    problem := coalesce(alkblobs.source_problem_top(rel), alkblobs.ensure_view(rel));
+END $$;
+
+-- Locks and validates every liveness table of pool p (lock_source), and
+-- checks the rows of any whose rows may have bypassed its guard (pending).
+-- Returns the first problem as '<table> <why>' (busy: a table stayed
+-- locked by someone's DDL), or a NULL problem when every source is sound.
+CREATE FUNCTION alkblobs.check_sources(p integer, OUT problem text, OUT busy boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     r record;
-    prob text;
+    ls record;
+    pl alkblobs.pools;
 BEGIN
-    FOR r IN SELECT l.relid FROM alkblobs.liveness l WHERE l.pool = p ORDER BY l.relid LOOP
-        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = r.relid) THEN
-            CONTINUE;
+    busy := false;
+    FOR r IN SELECT l.relid, l.pending FROM alkblobs.liveness l WHERE l.pool = p ORDER BY l.relid LOOP
+        SELECT * INTO ls FROM alkblobs.lock_source(r.relid);
+        CONTINUE WHEN ls.gone;
+        IF ls.problem IS NOT NULL THEN
+            problem := format('%s %s', r.relid::pg_catalog.regclass, ls.problem);
+            busy := ls.busy;
+            RETURN;
         END IF;
-        -- Before the lock too: LOCK on a view would lock its base tables.
-        prob := alkblobs.source_problem_top(r.relid);
-        IF prob IS NULL THEN
-            BEGIN
-                EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', r.relid::pg_catalog.regclass);
-            EXCEPTION WHEN undefined_table THEN
-                CONTINUE;
-            END;
-            -- A new statement after the lock (READ COMMITTED): the catalog
-            -- as it is now, and it cannot change until we commit.
-            prob := alkblobs.source_problem_top(r.relid);
-        END IF;
-        IF prob IS NOT NULL THEN
-            RETURN format('%s %s', r.relid::pg_catalog.regclass, prob);
+        IF r.pending IS NOT NULL THEN
+            SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
+            IF r.pending = 'seed' THEN
+                PERFORM alkblobs.seed_files(pl, r.relid);
+            ELSE
+                BEGIN
+                    PERFORM alkblobs.refuse_absent(pl, r.relid);
+                EXCEPTION WHEN SQLSTATE 'AB002' THEN
+                    problem := format('%s has rows naming keys the pool does not hold (written while its guard was off or before it was registered): delete them, or put the content', r.relid::pg_catalog.regclass);
+                    RETURN;
+                END;
+            END IF;
+            UPDATE alkblobs.liveness l SET pending = NULL WHERE l.pool = p AND l.relid = r.relid;
         END IF;
     END LOOP;
-    RETURN NULL;
 END $$;
 
 -- "Is any registered liveness table holding <key_expr>?" for pool p, as a
--- SQL predicate. Table names come from regclass output; key_expr is one of
--- the fixed internal expressions below, never caller input. Only call it
--- after check_sources(p) returned NULL in this transaction.
+-- SQL predicate over the tables' views. key_expr is one of the fixed
+-- internal expressions below, never caller input. Only call it after
+-- check_sources(p) returned no problem in this transaction.
 CREATE FUNCTION alkblobs.live_predicate(p integer, key_expr text) RETURNS text
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(
-        string_agg(format('EXISTS (SELECT 1 FROM %s lv WHERE lv.key = %s)', l.relid::regclass, key_expr),
+        string_agg(format('EXISTS (SELECT 1 FROM %s lv WHERE lv.key = %s)', alkblobs.source_name(l.relid), key_expr),
                    ' OR ' ORDER BY l.relid),
         'false')
     FROM alkblobs.liveness l
@@ -326,19 +429,33 @@ BEGIN
     END IF;
 END $$;
 
+-- Largest large object an upload may write: at least 1 byte, at most
+-- 4 TiB (PostgreSQL's own limit for a large object).
+CREATE FUNCTION alkblobs.check_max_object(n bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF n < 1 OR n > 4398046511104 THEN
+        RAISE EXCEPTION 'max_object_bytes must be between 1 and 4398046511104 (4 TiB), got %', n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
 CREATE FUNCTION @extschema@.alkblobs_create_pool(
     pool text,
     delete_window interval DEFAULT '5 minutes',
     pin_ttl interval DEFAULT '60 seconds',
-    large_tier text DEFAULT 'pg-lo')
+    large_tier text DEFAULT 'pg-lo',
+    max_object_bytes bigint DEFAULT 68719476736)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL THEN
-        RAISE EXCEPTION 'pool, delete_window, pin_ttl and large_tier must not be NULL'
+    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL THEN
+        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier and max_object_bytes must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM alkblobs.check_max_object($5);
     IF $1 !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
         RAISE EXCEPTION 'invalid pool name %: use 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit', quote_literal($1)
             USING ERRCODE = 'invalid_parameter_value';
@@ -348,8 +465,8 @@ BEGIN
         RAISE EXCEPTION 'large_tier must be ''pg-lo'', ''local'' or ''none'', got %', quote_literal($4)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner)
-    VALUES ($1, $2, $3, $4, alkblobs.caller());
+    INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes)
+    VALUES ($1, $2, $3, $4, alkblobs.caller(), $5);
 EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'alkblobs pool "%" already exists', $1
         USING ERRCODE = 'duplicate_object',
@@ -359,7 +476,8 @@ END $$;
 CREATE FUNCTION @extschema@.alkblobs_alter_pool(
     pool text,
     delete_window interval DEFAULT NULL,
-    pin_ttl interval DEFAULT NULL)
+    pin_ttl interval DEFAULT NULL,
+    max_object_bytes bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -367,9 +485,13 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'admin');
 BEGIN
     PERFORM alkblobs.check_settings($2, $3);
+    IF $4 IS NOT NULL THEN
+        PERFORM alkblobs.check_max_object($4);
+    END IF;
     UPDATE alkblobs.pools p
        SET delete_window = coalesce($2, p.delete_window),
-           pin_ttl = coalesce($3, p.pin_ttl)
+           pin_ttl = coalesce($3, p.pin_ttl),
+           max_object_bytes = coalesce($4, p.max_object_bytes)
      WHERE p.id = pl.id;
 END $$;
 
@@ -425,6 +547,17 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM 1 FROM alkblobs.entries e WHERE e.pool = p AND e.key = k FOR KEY SHARE;
+    RETURN FOUND;
+END $$;
+
+-- The same for a published file of a local-tier pool: its row in
+-- alkblobs.files. (A row whose file is not yet published does not count:
+-- its content may never arrive.)
+CREATE FUNCTION alkblobs.lock_file(p integer, k bytea) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM 1 FROM alkblobs.files f WHERE f.pool = p AND f.key = k AND f.published FOR KEY SHARE;
     RETURN FOUND;
 END $$;
 
@@ -510,12 +643,16 @@ BEGIN
 END $$;
 
 -- Pins a key whose content the caller is about to publish outside this
--- database (a file on the pool's shared `local` tier): always succeeds.
--- Removing the key's staged row waits out a claim deciding it, so the file
--- the caller then renames into place cannot be deleted on stale staging,
--- and its window restarts; its bucket lock keeps a claim off the key until
--- this transaction commits; and a collected mark is cleared (the file is
--- back).
+-- database (a file on the pool's shared `local` tier) and records the file
+-- in alkblobs.files (not yet published unless it already was). Pin and
+-- record commit first; then the caller makes sure the file is in place
+-- (writes or renames it if it is missing: a claim may have deleted it up
+-- to the moment this committed) and calls alkblobs_local_published.
+-- Recording is an upsert that waits out a claim holding the file's row
+-- (and then records it afresh), and removing the key's staged row waits
+-- out a claim deciding it, so the file the caller then puts in place
+-- cannot be deleted on stale staging, and its window restarts. Only in
+-- pools whose large tier is 'local' (22023 elsewhere).
 CREATE FUNCTION @extschema@.alkblobs_pin_new(pool text, key bytea, owner text)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
@@ -525,11 +662,37 @@ DECLARE
 BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(alkblobs.bucket_lock(pl.id, $2));
-    PERFORM alkblobs.lock_entry(pl.id, $2);
+    IF pl.large_tier <> 'local' THEN
+        RAISE EXCEPTION 'pool "%" keeps large content in tier %, not on a shared local tier', pl.name, pl.large_tier
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use alkblobs_put, or alkblobs_lo_create/_lo_write/_lo_commit for pg-lo pools.';
+    END IF;
+    INSERT INTO alkblobs.files AS f (pool, key) VALUES (pl.id, $2)
+    ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET recorded_at = f.recorded_at;
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
-    DELETE FROM alkblobs.collected c WHERE c.pool = pl.id AND c.key = $2;
     PERFORM alkblobs.pin_row(pl, $2, $3);
+END $$;
+
+-- Marks files the caller recorded with alkblobs_pin_new as published, once
+-- they are in place on the shared local tier; from then on liveness rows
+-- may name them. Returns the keys it marked: a key missing from the result
+-- has no record any more (a claim collected it, or it was never recorded)
+-- and must be put again. Waits out a claim deciding one of the keys.
+CREATE FUNCTION @extschema@.alkblobs_local_published(pool text, keys bytea[])
+RETURNS SETOF bytea
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+BEGIN
+    PERFORM alkblobs.not_null($2, 'keys');
+    IF cardinality($2) > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        UPDATE alkblobs.files f SET published = true
+         WHERE f.pool = pl.id AND f.key = ANY($2)
+        RETURNING f.key;
 END $$;
 
 -- Releases the caller's pin (a pool admin may release anyone's).
@@ -776,17 +939,18 @@ END $$;
 -- Liveness tables --------------------------------------------------------------
 
 -- Installed on every registered liveness table (AFTER INSERT OR UPDATE, FOR
--- EACH ROW: it sees the final key, after generated columns and every BEFORE
--- trigger). For each pool the table is registered with, a row naming a key
--- locks that key's entry FOR KEY SHARE: an executor deciding the key is
--- waited for, and one that comes later passes over the key (SKIP LOCKED)
--- until this transaction ends. If the pool does not hold the key (never
--- put, or collected — also when the executor deleted it while this write
--- waited) the write fails with AB002, unless the table was registered with
--- forward_references. In a local-tier pool a key without an entry is a
--- file: the write takes the key's bucket lock (which alkblobs_claim_local
--- must win to hand the file out) and fails with AB002 if the file was
--- claimed.
+-- EACH ROW, ENABLE ALWAYS: it sees the final key, after generated columns
+-- and every BEFORE trigger, and fires under session_replication_role =
+-- replica too). For each pool the table is registered with, a row naming a
+-- key locks the row that says the pool holds it FOR KEY SHARE: the entry,
+-- or in a local-tier pool the file's row in alkblobs.files. An executor or
+-- claim deciding the key is waited for; one that comes later passes over
+-- the key (SKIP LOCKED) until this transaction ends. If the pool holds no
+-- such row (never put, or collected — also when the executor deleted it
+-- while this write waited) the write fails with AB002, unless the table
+-- was registered with forward_references. At REPEATABLE READ or
+-- SERIALIZABLE a row deleted after the writer's snapshot raises 40001
+-- instead of being found.
 CREATE FUNCTION alkblobs.liveness_guard() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -815,16 +979,7 @@ BEGIN
         IF alkblobs.lock_entry(r.pool, k) THEN
             CONTINUE;
         END IF;
-        IF r.large_tier = 'local' THEN
-            IF NOT rc THEN
-                PERFORM alkblobs.require_read_committed('a liveness write for a local-tier file');
-            END IF;
-            PERFORM pg_catalog.pg_advisory_xact_lock_shared(alkblobs.bucket_lock(r.pool, k));
-            IF EXISTS (SELECT 1 FROM alkblobs.collected c WHERE c.pool = r.pool AND c.key = k) THEN
-                RAISE EXCEPTION 'key % was collected from pool "%"', encode(k, 'hex'), r.name
-                    USING ERRCODE = 'AB002',
-                          HINT = 'Publish the file again (alkblobs_pin_new, then the file), then record it.';
-            END IF;
+        IF r.large_tier = 'local' AND alkblobs.lock_file(r.pool, k) THEN
             CONTINUE;
         END IF;
         IF r.forward_refs THEN
@@ -841,6 +996,18 @@ BEGIN
                   HINT = 'Put the content first (same bytes, same key), then record it.';
     END LOOP;
     RETURN NULL;
+END $$;
+
+-- Takes pool p_name's sweeper lock (waiting out a running sweep) for a
+-- caller with admin access to it: registration and unregistration take it
+-- before they lock the table, in the order a sweep takes them.
+CREATE FUNCTION alkblobs.lock_pool_for_admin(p_name text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool(p_name, 'admin');
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock(alkblobs.lock_class(), pl.id);
 END $$;
 
 -- Registration, the part that needs the extension's tables (see
@@ -862,14 +1029,108 @@ BEGIN
     -- Registration waits out a running sweep: the next sweep sees the table
     -- from its first statement on.
     PERFORM pg_catalog.pg_advisory_xact_lock(alkblobs.lock_class(), pl.id);
-    prob := alkblobs.source_problem_top($2);
+    prob := coalesce(alkblobs.source_problem_top($2), alkblobs.ensure_view($2));
     IF prob IS NOT NULL THEN
         RAISE EXCEPTION 'table % cannot be a liveness source: it %', $2, prob USING ERRCODE = 'wrong_object_type';
     END IF;
     INSERT INTO alkblobs.liveness (pool, relid, forward_refs, registered_by)
     VALUES (pl.id, $2, $3, alkblobs.caller())
     ON CONFLICT ON CONSTRAINT liveness_pkey DO UPDATE SET forward_refs = EXCLUDED.forward_refs;
+    -- Rows already in the table were written without this pool's guard.
+    -- (No sweep of the pool runs until we commit: we hold its lock. The
+    -- caller's CREATE/ALTER TRIGGER holds the table against writers and
+    -- DDL, so the validation above still stands; and the caller runs READ
+    -- COMMITTED, so this scan sees every committed row.)
+    IF NOT $3 THEN
+        PERFORM alkblobs.refuse_absent(pl, $2);
+    END IF;
 END $$;
+
+-- Raises AB002 if registered table `rel` (validated, its view in place,
+-- held against DDL by the caller) has a row naming a key pool `pl` does
+-- not hold: an entry, or in a local-tier pool a published file.
+CREATE FUNCTION alkblobs.refuse_absent(pl alkblobs.pools, rel oid) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    k bytea;
+BEGIN
+    EXECUTE format($q$
+        SELECT lv.key FROM %s lv
+         WHERE lv.key IS NOT NULL AND pg_catalog.length(lv.key) = 32
+           AND NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = $1 AND e.key = lv.key)
+           AND NOT ($2 AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = $1 AND f.key = lv.key AND f.published))
+         LIMIT 1$q$, alkblobs.source_name(rel))
+      INTO k USING pl.id, pl.large_tier = 'local';
+    IF k IS NOT NULL THEN
+        RAISE EXCEPTION 'table % has a row naming key %, which pool "%" does not hold', rel::regclass, encode(k, 'hex'), pl.name
+            USING ERRCODE = 'AB002',
+                  HINT = 'Put the content first, delete the row, or register the table with forward_references => true.';
+    END IF;
+END $$;
+
+-- The 0.3.0 -> 0.4.0 upgrade of a local-tier pool: 0.3.0 took a key named
+-- by a liveness row and held by no entry to be a file on the local tier;
+-- record those as published files.
+CREATE FUNCTION alkblobs.seed_files(pl alkblobs.pools, rel oid) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pl.large_tier <> 'local' THEN
+        RETURN;
+    END IF;
+    EXECUTE format($q$
+        INSERT INTO alkblobs.files (pool, key, published)
+        SELECT DISTINCT $1, lv.key, true FROM %s lv
+         WHERE lv.key IS NOT NULL AND pg_catalog.length(lv.key) = 32
+           AND NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = $1 AND e.key = lv.key)
+        ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET published = true$q$, alkblobs.source_name(rel))
+      USING pl.id;
+END $$;
+
+-- A registered table that changed (ATTACH PARTITION brings in rows no
+-- guard saw; ENABLE TRIGGER after a DISABLE lets in rows written without
+-- it) must still name only held content: after every ALTER TABLE of a
+-- registered table or of a partition of one, its rows are checked (a scan
+-- of the table: such DDL is rare, and the check runs inside it, so a bad
+-- table makes the DDL fail with AB002). Where that cannot be done right
+-- away (the table does not pass validation at this moment, or the DDL runs
+-- outside READ COMMITTED and would scan an old snapshot) the registration
+-- is marked 'recheck' and the next sweep checks the rows, aborting while
+-- one names absent content. (A new partition is read through its parent
+-- and needs no grant of its own.)
+CREATE FUNCTION alkblobs.on_ddl_end() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c record;
+    r record;
+BEGIN
+    FOR c IN SELECT DISTINCT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+              WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0 LOOP
+        FOR r IN SELECT l.pool, l.relid, l.forward_refs FROM alkblobs.liveness l
+                  WHERE l.relid = c.objid OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(c.objid) a)
+                  ORDER BY l.pool, l.relid LOOP
+            CONTINUE WHEN r.forward_refs;
+            IF pg_catalog.current_setting('transaction_isolation') = 'read committed'
+               AND alkblobs.source_problem(r.relid) IS NULL THEN
+                -- This DDL holds the table at SHARE UPDATE EXCLUSIVE or
+                -- stronger; so does this lock (and it is ours already).
+                PERFORM alkblobs.lock_for_sweep(r.relid);
+                IF alkblobs.ensure_view(r.relid) IS NULL THEN
+                    PERFORM alkblobs.refuse_absent(p, r.relid) FROM alkblobs.pools p WHERE p.id = r.pool;
+                    CONTINUE;
+                END IF;
+            END IF;
+            UPDATE alkblobs.liveness l SET pending = 'recheck'
+             WHERE l.pool = r.pool AND l.relid = r.relid AND l.pending IS NULL;
+        END LOOP;
+    END LOOP;
+END $$;
+
+CREATE EVENT TRIGGER alkblobs_liveness_ddl ON ddl_command_end
+    WHEN TAG IN ('ALTER TABLE')
+    EXECUTE FUNCTION alkblobs.on_ddl_end();
 
 -- Unregistration's part in the extension's tables: (found, still
 -- registered with another pool).
@@ -889,6 +1150,9 @@ BEGIN
     DELETE FROM alkblobs.liveness l WHERE l.pool = pl.id AND l.relid = $2;
     found_it := FOUND;
     elsewhere := EXISTS (SELECT 1 FROM alkblobs.liveness l WHERE l.relid = $2);
+    IF NOT elsewhere THEN
+        EXECUTE format('DROP VIEW IF EXISTS %s', alkblobs.source_name($2));
+    END IF;
 END $$;
 
 -- Registers a table as a liveness source of a pool. SECURITY INVOKER: the
@@ -906,6 +1170,9 @@ BEGIN
     IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL THEN
         RAISE EXCEPTION 'pool, table and forward_references must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    -- The check of the rows already in the table must see every committed
+    -- one (an older snapshot would miss rows committed since).
+    PERFORM alkblobs.require_read_committed('alkblobs_register_liveness');
     SELECT c.relkind, c.relowner, c.relpersistence, c.relrowsecurity INTO rel FROM pg_catalog.pg_class c WHERE c.oid = $2;
     IF rel.relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION '% is not a table', $2 USING ERRCODE = 'wrong_object_type',
@@ -928,6 +1195,9 @@ BEGIN
     IF keytype <> 'pg_catalog.bytea'::pg_catalog.regtype THEN
         RAISE EXCEPTION 'column "key" of % is %, not bytea', $2, keytype::pg_catalog.regtype USING ERRCODE = 'datatype_mismatch';
     END IF;
+    -- The pool's sweeper lock before any lock on the table: a sweep holds
+    -- the pool and then locks its tables, so the other order deadlocks.
+    PERFORM alkblobs.lock_pool_for_admin($1);
     -- The guard: ours, exactly (an older or altered one is replaced).
     SELECT t.tgfoid, t.tgtype INTO tg FROM pg_catalog.pg_trigger t WHERE t.tgrelid = $2 AND t.tgname = 'alkblobs_liveness_guard';
     IF FOUND AND (tg.tgfoid <> 'alkblobs.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 21) THEN
@@ -937,7 +1207,10 @@ BEGIN
         EXECUTE format('CREATE TRIGGER alkblobs_liveness_guard AFTER INSERT OR UPDATE ON %s '
                        'FOR EACH ROW EXECUTE FUNCTION alkblobs.liveness_guard()', $2);
     END IF;
-    EXECUTE format('ALTER TABLE %s ENABLE TRIGGER alkblobs_liveness_guard', $2);
+    -- ALWAYS: also under session_replication_role = replica.
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER alkblobs_liveness_guard', $2);
+    -- alkblobs_owner reads it (through its view, alkblobs.src_<oid>; its
+    -- partitions through it).
     EXECUTE format('GRANT SELECT ON %s TO alkblobs_owner', $2);
     PERFORM alkblobs.add_source($1, $2, $3);
     IF NOT EXISTS (
@@ -959,6 +1232,7 @@ BEGIN
     IF $1 IS NULL OR $2 IS NULL THEN
         RAISE EXCEPTION 'pool and table must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM alkblobs.lock_pool_for_admin($1);
     SELECT * INTO r FROM alkblobs.remove_source($1, $2);
     IF NOT r.elsewhere THEN
         EXECUTE format('DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON %s', $2);
@@ -998,7 +1272,7 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'sweep');
     m bigint;
     n bigint;
-    prob text;
+    cs record;
 BEGIN
     PERFORM alkblobs.require_read_committed('alkblobs_stage');
     PERFORM alkblobs.not_null($2, 'keys');
@@ -1009,10 +1283,11 @@ BEGIN
         RAISE EXCEPTION 'at most 100000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(alkblobs.lock_class(), pl.id);
-    prob := alkblobs.check_sources(pl.id);
-    IF prob IS NOT NULL THEN
-        RAISE EXCEPTION 'liveness table %; nothing staged', prob USING ERRCODE = 'AB004',
-            HINT = 'Fix the table and register it again, or unregister it.';
+    SELECT * INTO cs FROM alkblobs.check_sources(pl.id);
+    IF cs.problem IS NOT NULL THEN
+        RAISE EXCEPTION 'liveness table %; nothing staged', cs.problem
+            USING ERRCODE = CASE WHEN cs.busy THEN 'lock_not_available' ELSE 'AB004' END,
+                  HINT = CASE WHEN cs.busy THEN 'Retry when the DDL is done.' ELSE 'Fix the table and register it again, or unregister it.' END;
     END IF;
     INSERT INTO alkblobs.marks (pool, delete_window) VALUES (pl.id, pl.delete_window) RETURNING id INTO m;
     EXECUTE format($q$
@@ -1055,14 +1330,15 @@ BEGIN
     busy := coalesce(busy, '{}');
 END $$;
 
--- The executor for client-listed files: re-arbitrates due 'local' rows and
--- returns the dead keys, their staged rows deleted but still locked by the
--- caller's open transaction (with their bucket locks). The caller deletes
--- those files and only then commits; until it does, a pin_new or a liveness
--- write for one of these keys waits, and afterwards a liveness write naming
--- one fails with AB002. A caller that fails rolls back and the rows stay
--- staged. Keys someone is locking (staged row, bucket or pin row) are
--- passed over, not waited for. At most 10,000 keys per call.
+-- The executor for the local tier's files: re-arbitrates due 'local' rows
+-- and returns the dead keys, their staged rows and their alkblobs.files
+-- rows deleted but still locked by the caller's open transaction. The
+-- caller deletes those files and only then commits; until it does, a
+-- pin_new or a liveness write for one of these keys waits, and afterwards
+-- a liveness write naming one fails with AB002 (the pool no longer holds
+-- it). A caller that fails rolls back and the rows stay. Keys someone is
+-- locking (staged row, file row or pin row) are passed over, not waited
+-- for. At most 10,000 keys per call.
 CREATE FUNCTION @extschema@.alkblobs_claim_local(pool text, max_keys integer DEFAULT 1000)
 RETURNS SETOF bytea
 LANGUAGE plpgsql SECURITY DEFINER
@@ -1071,9 +1347,10 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'sweep');
     batch bytea[];
     ours bytea[];
+    locked bytea[];
     pr record;
     dead bytea[];
-    prob text;
+    cs record;
 BEGIN
     PERFORM alkblobs.require_read_committed('alkblobs_claim_local');
     PERFORM alkblobs.not_null($2, 'max_keys');
@@ -1084,10 +1361,11 @@ BEGIN
         RAISE NOTICE 'another sweeper holds pool "%"; nothing claimed', pl.name;
         RETURN;
     END IF;
-    prob := alkblobs.check_sources(pl.id);
-    IF prob IS NOT NULL THEN
-        RAISE EXCEPTION 'liveness table %; nothing claimed', prob USING ERRCODE = 'AB004',
-            HINT = 'Fix the table and register it again, or unregister it.';
+    SELECT * INTO cs FROM alkblobs.check_sources(pl.id);
+    IF cs.problem IS NOT NULL THEN
+        RAISE EXCEPTION 'liveness table %; nothing claimed', cs.problem
+            USING ERRCODE = CASE WHEN cs.busy THEN 'lock_not_available' ELSE 'AB004' END,
+                  HINT = CASE WHEN cs.busy THEN 'Retry when the DDL is done.' ELSE 'Fix the table and register it again, or unregister it.' END;
     END IF;
     SELECT array_agg(x.key ORDER BY x.key) INTO batch FROM (
         SELECT s.key FROM alkblobs.staged s JOIN alkblobs.marks mk ON mk.id = s.mark
@@ -1098,10 +1376,17 @@ BEGIN
     IF batch IS NULL THEN
         RETURN;
     END IF;
-    -- A liveness writer or pin_new in flight holds the key's bucket.
-    SELECT array_agg(b ORDER BY b) INTO ours FROM unnest(batch) b
-     WHERE pg_catalog.pg_try_advisory_xact_lock(alkblobs.bucket_lock(pl.id, b));
-    IF ours IS NULL THEN
+    -- A liveness writer or pin_new in flight holds the key's file row.
+    -- (A staged key with no file row is a file nobody recorded: it is
+    -- claimed like any other.)
+    SELECT array_agg(f.key ORDER BY f.key) INTO locked FROM (
+        SELECT x.key FROM alkblobs.files x WHERE x.pool = pl.id AND x.key = ANY(batch)
+         ORDER BY x.key FOR UPDATE SKIP LOCKED) f;
+    ours := ARRAY(SELECT b FROM unnest(batch) b
+                   WHERE b = ANY(coalesce(locked, '{}'))
+                      OR NOT EXISTS (SELECT 1 FROM alkblobs.files x WHERE x.pool = pl.id AND x.key = b)
+                   ORDER BY b);
+    IF cardinality(ours) = 0 THEN
         RETURN;
     END IF;
     SELECT * INTO pr FROM alkblobs.protected(pl.id, ours, alkblobs.live_predicate(pl.id, 'c.key'));
@@ -1109,8 +1394,7 @@ BEGIN
     -- Protected keys are unstaged (a later mark restages them if need be);
     -- keys whose pins someone is changing stay staged for the next claim.
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(ours) AND NOT (s.key = ANY(pr.busy));
-    INSERT INTO alkblobs.collected (pool, key) SELECT pl.id, d FROM unnest(dead) d
-    ON CONFLICT ON CONSTRAINT collected_pkey DO UPDATE SET collected_at = EXCLUDED.collected_at;
+    DELETE FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = ANY(dead);
     RETURN QUERY SELECT d FROM unnest(dead) d ORDER BY d;
 END $$;
 
@@ -1154,7 +1438,7 @@ DECLARE
     v_max integer := $3;
     v_mark boolean := $4;
     v_keys integer := $5;
-    prob text;
+    cs record;
     live_sql text;
     v_mark_id bigint;
     v_last_mark bigint;
@@ -1195,11 +1479,14 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    prob := alkblobs.check_sources(pl.id);
-    IF prob IS NOT NULL THEN
-        RAISE WARNING 'sweep of alkblobs pool "%" aborted: liveness table %', pl.name, prob
-            USING HINT = 'Fix the table and register it again, or unregister it.';
-        aborted := 'liveness_table_invalid';
+    -- The pool row as of now, under the lock: the one read before it may
+    -- predate the commit of the sweep that held the lock (its open mark).
+    SELECT * INTO pl FROM alkblobs.pools p WHERE p.id = pl.id;
+    SELECT * INTO cs FROM alkblobs.check_sources(pl.id);
+    IF cs.problem IS NOT NULL THEN
+        RAISE WARNING 'sweep of alkblobs pool "%" aborted: liveness table %', pl.name, cs.problem
+            USING HINT = CASE WHEN cs.busy THEN 'The next sweep retries.' ELSE 'Fix the table and register it again, or unregister it.' END;
+        aborted := CASE WHEN cs.busy THEN 'liveness_table_busy' ELSE 'liveness_table_invalid' END;
         duration := clock_timestamp() - t0;
         RETURN NEXT;
         RETURN;
@@ -1230,69 +1517,70 @@ BEGIN
                 unlinks := unlinks + 1;
             END IF;
         END LOOP;
-        DELETE FROM alkblobs.collected c WHERE (c.pool, c.key) IN (
-            SELECT x.pool, x.key FROM alkblobs.collected x
-             WHERE x.pool = pl.id AND x.collected_at < clock_timestamp() - interval '1 day' LIMIT v_keys);
     END IF;
 
-    -- 2. Mark one slice.
+    -- 2. Mark one slice. A dry run examines the same slice (from the
+    -- pool's cursor, at most max_keys) and stages nothing.
     IF v_mark THEN
-        IF v_dry THEN
-            SELECT count(*) INTO examined FROM alkblobs.entries e WHERE e.pool = pl.id;
-            SELECT count(DISTINCT pn.key) INTO pinned FROM alkblobs.pins pn
-              JOIN alkblobs.entries e ON e.pool = pn.pool AND e.key = pn.key
-             WHERE pn.pool = pl.id AND pn.expires_at > clock_timestamp();
-            EXECUTE format($q$
-                SELECT count(*) FROM alkblobs.entries c
-                 WHERE c.pool = $1
-                   AND NOT EXISTS (SELECT 1 FROM alkblobs.pins pn WHERE pn.pool = $1 AND pn.key = c.key AND pn.expires_at > $2)
-                   AND NOT (%s)$q$, live_sql)
-                INTO candidates USING pl.id, clock_timestamp();
-            staged := candidates;
-            mark_done := true;
-        ELSE
-            v_mark_id := pl.open_mark;
-            v_cursor := pl.mark_cursor;
-            IF v_mark_id IS NULL OR NOT EXISTS (SELECT 1 FROM alkblobs.marks mk WHERE mk.id = v_mark_id AND mk.mark_end IS NULL) THEN
+        v_mark_id := pl.open_mark;
+        v_cursor := pl.mark_cursor;
+        IF v_mark_id IS NULL OR NOT EXISTS (SELECT 1 FROM alkblobs.marks mk WHERE mk.id = v_mark_id AND mk.mark_end IS NULL) THEN
+            v_mark_id := NULL;
+            IF NOT v_dry THEN
                 INSERT INTO alkblobs.marks (pool, delete_window) VALUES (pl.id, pl.delete_window) RETURNING id INTO v_mark_id;
-                v_cursor := '\x'::bytea;
             END IF;
-            EXECUTE format($q$
-                WITH slice AS MATERIALIZED (
-                    SELECT e.key, e.tier FROM alkblobs.entries e
-                     WHERE e.pool = $1 AND e.key > $4 ORDER BY e.key LIMIT $5),
-                -- Pins and staged rows of the slice by `key = ANY(array)`:
-                -- an index lookup whatever the (often stale) row estimates
-                -- of a freshly filled pool, never a per-row range scan.
-                held AS MATERIALIZED (
-                    SELECT DISTINCT pn.key FROM alkblobs.pins pn
-                     WHERE pn.pool = $1 AND pn.key = ANY (ARRAY(SELECT key FROM slice)) AND pn.expires_at > $2),
-                already AS MATERIALIZED (
-                    SELECT s.key FROM alkblobs.staged s
-                     WHERE s.pool = $1 AND s.key = ANY (ARRAY(SELECT key FROM slice))),
-                cand AS MATERIALIZED (
-                    SELECT c.key, c.tier FROM slice c
-                     WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.key = c.key)
-                       AND NOT (%s)),
-                ins AS (
-                    INSERT INTO alkblobs.staged (pool, key, tier, mark)
-                    SELECT $1, cand.key, cand.tier, $3 FROM cand
-                     WHERE NOT EXISTS (SELECT 1 FROM already a WHERE a.key = cand.key)
-                    ON CONFLICT (pool, key) DO NOTHING
-                    RETURNING 1)
-                SELECT (SELECT count(*) FROM slice), (SELECT s2.key FROM slice s2 ORDER BY s2.key DESC LIMIT 1), (SELECT count(*) FROM held),
-                       (SELECT count(*) FROM cand), (SELECT count(*) FROM ins)$q$, live_sql)
-                INTO examined, v_last, pinned, candidates, staged
-                USING pl.id, clock_timestamp(), v_mark_id, v_cursor, v_keys;
-            IF v_last IS NULL OR NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key > v_last) THEN
-                -- Seal: the window runs from the end of the mark.
-                v_mark_end := clock_timestamp();
-                UPDATE alkblobs.marks mk SET mark_end = v_mark_end WHERE mk.id = v_mark_id;
-                UPDATE alkblobs.pools p SET open_mark = NULL, mark_cursor = NULL WHERE p.id = pl.id;
-                mark_done := true;
-            ELSE
-                UPDATE alkblobs.pools p SET open_mark = v_mark_id, mark_cursor = v_last WHERE p.id = pl.id;
-            END IF;
+            v_cursor := '\x'::bytea;
+        END IF;
+        EXECUTE format($q$
+            -- Entries, and the files a local-tier pool recorded (the
+            -- client claims those), merged in key order.
+            WITH slice AS MATERIALIZED (
+                -- (A key that is both, after a threshold change, is one
+                -- candidate: its entry; the file is staged once that is
+                -- gone.)
+                SELECT u.key, min(u.tier) AS tier FROM (
+                    SELECT e.key, e.tier FROM alkblobs.entries e WHERE e.pool = $1 AND e.key > $4
+                    UNION ALL
+                    SELECT f.key, 'local' FROM alkblobs.files f WHERE f.pool = $1 AND f.key > $4) u
+                 GROUP BY u.key ORDER BY u.key LIMIT $5),
+            -- Pins and staged rows of the slice by `key = ANY(array)`:
+            -- an index lookup whatever the (often stale) row estimates
+            -- of a freshly filled pool, never a per-row range scan.
+            held AS MATERIALIZED (
+                SELECT DISTINCT pn.key FROM alkblobs.pins pn
+                 WHERE pn.pool = $1 AND pn.key = ANY (ARRAY(SELECT key FROM slice)) AND pn.expires_at > $2),
+            already AS MATERIALIZED (
+                SELECT s.key FROM alkblobs.staged s
+                 WHERE s.pool = $1 AND s.key = ANY (ARRAY(SELECT key FROM slice))),
+            cand AS MATERIALIZED (
+                SELECT c.key, c.tier FROM slice c
+                 WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.key = c.key)
+                   AND NOT (%s)),
+            fresh AS MATERIALIZED (
+                SELECT cand.key, cand.tier FROM cand
+                 WHERE NOT EXISTS (SELECT 1 FROM already a WHERE a.key = cand.key)),
+            ins AS (
+                INSERT INTO alkblobs.staged (pool, key, tier, mark)
+                SELECT $1, fresh.key, fresh.tier, $3 FROM fresh WHERE NOT $6
+                ON CONFLICT (pool, key) DO NOTHING
+                RETURNING 1)
+            SELECT (SELECT count(*) FROM slice), (SELECT s2.key FROM slice s2 ORDER BY s2.key DESC LIMIT 1), (SELECT count(*) FROM held),
+                   (SELECT count(*) FROM cand),
+                   CASE WHEN $6 THEN (SELECT count(*) FROM fresh) ELSE (SELECT count(*) FROM ins) END$q$, live_sql)
+            INTO examined, v_last, pinned, candidates, staged
+            USING pl.id, clock_timestamp(), v_mark_id, v_cursor, v_keys, v_dry;
+        mark_done := v_last IS NULL
+            OR (NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key > v_last)
+                AND NOT EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key > v_last));
+        IF v_dry THEN
+            NULL;
+        ELSIF mark_done THEN
+            -- Seal: the window runs from the end of the mark.
+            v_mark_end := clock_timestamp();
+            UPDATE alkblobs.marks mk SET mark_end = v_mark_end WHERE mk.id = v_mark_id;
+            UPDATE alkblobs.pools p SET open_mark = NULL, mark_cursor = NULL WHERE p.id = pl.id;
+        ELSE
+            UPDATE alkblobs.pools p SET open_mark = v_mark_id, mark_cursor = v_last WHERE p.id = pl.id;
         END IF;
         live := greatest(examined - pinned - candidates, 0);
     END IF;
@@ -1377,14 +1665,14 @@ BEGIN
         SELECT 1 FROM alkblobs.marks mk JOIN alkblobs.staged s ON s.mark = mk.id
          WHERE mk.pool = pl.id AND mk.mark_end IS NOT NULL
            AND mk.mark_end + mk.delete_window <= v_mark_end AND s.tier <> 'local'
-         LIMIT CASE WHEN v_dry THEN NULL ELSE v_keys + 1 END) x;
+         LIMIT v_keys + 1) x;
     SELECT count(*) INTO local_due FROM (
         SELECT 1 FROM alkblobs.marks mk JOIN alkblobs.staged s ON s.mark = mk.id
          WHERE mk.pool = pl.id AND mk.mark_end IS NOT NULL
            AND mk.mark_end + mk.delete_window <= clock_timestamp() AND s.tier = 'local'
-         LIMIT CASE WHEN v_dry THEN NULL ELSE v_keys + 1 END) x;
+         LIMIT v_keys + 1) x;
     IF v_dry THEN
-        remaining := remaining - executed;
+        remaining := greatest(remaining - executed, 0);
     ELSE
         DELETE FROM alkblobs.marks mk
          WHERE mk.pool = pl.id AND mk.mark_end IS NOT NULL
@@ -1409,8 +1697,11 @@ DECLARE
     total_deleted bigint := 0;
     calls integer := 0;
 BEGIN
-    IF $2 IS NULL OR $2 < 1 THEN
-        RAISE EXCEPTION 'max_unlinks must be at least 1 for alkblobs_sweep_all, got %', coalesce($2::text, 'NULL')
+    IF $1 IS NULL OR $2 IS NULL THEN
+        RAISE EXCEPTION 'pool and max_unlinks must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF $2 < 1 THEN
+        RAISE EXCEPTION 'max_unlinks must be at least 1 for alkblobs_sweep_all, got %', $2
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Call alkblobs_sweep(pool, max_unlinks => 0) for a sweep that unlinks nothing.';
     END IF;
@@ -1449,6 +1740,7 @@ DECLARE
     has_entry boolean;
     is_staged boolean;
     prob text;
+    ls record;
     refused boolean := false;
     hidden boolean := false;
 BEGIN
@@ -1461,7 +1753,13 @@ BEGIN
         detail := format('present: %s bytes in tier %s since %s', e.size, e.tier, e.created_at);
     ELSE
         aspect := 'entry';
-        detail := CASE pl.large_tier WHEN 'local' THEN 'not in this database (a file on the local tier, or absent)' ELSE 'absent' END;
+        IF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2) THEN
+            has_entry := true;
+            detail := format('present: a file on the shared local tier, recorded %s',
+                             (SELECT f.published_at FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2));
+        ELSE
+            detail := 'absent';
+        END IF;
     END IF;
     RETURN NEXT;
     FOR r IN SELECT pn.owner, coalesce(ro.rolname, pn.role::text) AS role, pn.expires_at, pn.expires_at > clock_timestamp() AS valid
@@ -1485,22 +1783,33 @@ BEGIN
             RETURN NEXT;
             CONTINUE;
         END IF;
-        prob := alkblobs.source_problem_top(r.relid);
-        IF prob IS NULL THEN
-            BEGIN
-                EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', r.relid::regclass);
-            EXCEPTION WHEN undefined_table THEN
-                CONTINUE;
-            END;
-            prob := alkblobs.source_problem_top(r.relid);
-        END IF;
-        IF prob IS NOT NULL THEN
+        -- Lock, validate and probe in a subtransaction that is then rolled
+        -- back: the lock a sweep takes is released at once, so a reader's
+        -- open transaction never holds up sweeps or the table's DDL.
+        is_live := NULL;
+        BEGIN
+            SELECT * INTO ls FROM alkblobs.lock_source(r.relid);
+            IF NOT ls.gone AND ls.problem IS NULL THEN
+                EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s lv WHERE lv.key = $1)', alkblobs.source_name(r.relid))
+                   INTO is_live USING $2;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = 'AB999';
+        EXCEPTION WHEN SQLSTATE 'AB999' THEN
+            NULL;
+        END;
+        CONTINUE WHEN ls.gone;
+        prob := ls.problem;
+        IF prob IS NOT NULL AND ls.busy THEN
+            detail := format('%s: BUSY: it %s (sweeps of this pool wait for it or abort and retry)', r.relid::regclass, prob);
+            refused := true;
+            RETURN NEXT;
+            CONTINUE;
+        ELSIF prob IS NOT NULL THEN
             detail := format('%s: REFUSED: it %s (sweeps of this pool abort until it is fixed or unregistered)', r.relid::regclass, prob);
             refused := true;
             RETURN NEXT;
             CONTINUE;
         END IF;
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s lv WHERE lv.key = $1)', r.relid::regclass) INTO is_live USING $2;
         detail := format('%s: %s', r.relid::regclass, CASE WHEN is_live THEN 'holds the key' ELSE 'does not hold the key' END);
         IF is_live THEN
             protected_by := protected_by || format('liveness table %s', r.relid::regclass);
@@ -1526,7 +1835,7 @@ BEGIN
         detail := 'unknown: a liveness table is refused, so sweeps of this pool abort and delete nothing';
     ELSIF hidden THEN
         detail := 'unknown to you: a liveness table you cannot read may hold it';
-    ELSIF NOT has_entry AND NOT is_staged AND pl.large_tier <> 'local' THEN
+    ELSIF NOT has_entry AND NOT is_staged THEN
         detail := 'not in the pool: put the content to (re)create it';
     ELSIF is_staged THEN
         detail := 'not live: staged, deleted when due unless re-protected before then';

@@ -110,6 +110,13 @@ CREATE TABLE alkblobs.liveness (
     forward_refs  boolean NOT NULL DEFAULT false,
     registered_by oid NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now(),
+    -- Rows may have reached the table without this pool's guard (DDL that
+    -- could not be checked on the spot: alkblobs.on_ddl_end): 'recheck'
+    -- makes the next sweep check every row and abort if one names content
+    -- the pool does not hold; 'seed' (set by the 0.3.0 -> 0.4.0 upgrade of
+    -- a local-tier pool) records the keys its rows name as published files,
+    -- which is what 0.3.0 took them to be.
+    pending       text CONSTRAINT pending_known CHECK (pending IN ('recheck', 'seed')),
     PRIMARY KEY (pool, relid)
 );
 CREATE INDEX liveness_by_relid ON alkblobs.liveness (relid);
@@ -151,13 +158,20 @@ CREATE TABLE alkblobs.uploads (
 );
 CREATE INDEX uploads_by_pool ON alkblobs.uploads (pool);
 
--- Local-tier files alkblobs_claim_local handed out for deletion and that
--- nobody re-published since (alkblobs_pin_new clears a row): a liveness
--- write naming one fails with AB002. Reaped by the sweep after a day.
-CREATE TABLE alkblobs.collected (
+-- The files of a pool's `local` tier (fleet-shared media) this database
+-- knows of. alkblobs_pin_new records a key, not yet published, in the
+-- transaction that pins it (before the client writes or renames the file
+-- into place); alkblobs_local_published marks it published once the file
+-- is there; alkblobs_claim_local removes it in the transaction during
+-- which the client deletes the file. It is what makes "is this key in the
+-- pool" answerable for the local tier: a liveness write naming a key that
+-- is neither an entry nor a published file here fails with AB002, and it
+-- locks the row it found FOR KEY SHARE, which a claim must pass over.
+CREATE TABLE alkblobs.files (
     pool         integer NOT NULL REFERENCES alkblobs.pools (id),
-    key          bytea NOT NULL,
-    collected_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    key          bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    published    boolean NOT NULL DEFAULT false,
+    recorded_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (pool, key)
 );
 

@@ -41,7 +41,8 @@ SELECT p.name AS pool,
        (SELECT count(*) FROM alkblobs.liveness l WHERE l.pool = p.id) AS liveness_tables,
        (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id) AS uploads,
        (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id
-           AND pg_catalog.pg_xact_status(u.xact) IS DISTINCT FROM 'in progress') AS uploads_abandoned
+           AND pg_catalog.pg_xact_status(u.xact) IS DISTINCT FROM 'in progress') AS uploads_abandoned,
+       (SELECT count(*) FROM alkblobs.files f WHERE f.pool = p.id) AS local_files
   FROM alkblobs.pools p
   LEFT JOIN (
         SELECT en.pool,
@@ -73,16 +74,33 @@ END $$;
 
 -- Ownership and the default-deny policy, as one function so that every
 -- upgrade script applies exactly the same policy (it ends by calling it):
--- alkblobs_owner owns the internal schema, its tables and sequences, every
--- function and procedure of the extension and its views; nothing of the
--- extension (found through its membership, so one added later cannot be
--- forgotten) is executable or readable by PUBLIC, except alkblobs_key.
+-- alkblobs_owner owns the internal schema, its tables and sequences and
+-- every SECURITY DEFINER function (they run as it, never as a superuser);
+-- every other function and procedure, and the views, stay with the
+-- extension's owner, because they run with the privileges of whoever
+-- calls them (a superuser running alkblobs_sweep_all or registering a
+-- table): a role that owned them could redefine them (ALTER … SET, CREATE
+-- OR REPLACE) and so run code as that caller. Nothing of the extension
+-- (found through its membership, so one added later cannot be forgotten)
+-- is executable or readable by PUBLIC, except alkblobs_key.
 CREATE FUNCTION alkblobs.apply_policy() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     o record;
+    ext_owner name := (SELECT r.rolname FROM pg_catalog.pg_extension x JOIN pg_catalog.pg_roles r ON r.oid = x.extowner
+                        WHERE x.extname = 'alkblobs');
 BEGIN
+    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = ext_owner) THEN
+        RAISE EXCEPTION 'the alkblobs extension must be installed (and upgraded) by a superuser, not %', ext_owner
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    -- Ownership changes are ALTER TABLE commands: keep the row check of
+    -- registered tables (alkblobs.on_ddl_end, which runs as alkblobs_owner)
+    -- out of them while ownership is in flux.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'alkblobs_liveness_ddl') THEN
+        EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_ddl DISABLE';
+    END IF;
     EXECUTE 'ALTER SCHEMA alkblobs OWNER TO alkblobs_owner';
     FOR o IN
         SELECT d.classid, d.objid FROM pg_catalog.pg_depend d
@@ -91,9 +109,14 @@ BEGIN
          ORDER BY d.classid, d.objid
     LOOP
         IF o.classid = 'pg_catalog.pg_proc'::regclass THEN
-            EXECUTE format('ALTER %s %s OWNER TO alkblobs_owner',
+            EXECUTE format('ALTER %s %s OWNER TO %I',
                            CASE WHEN (SELECT prokind FROM pg_catalog.pg_proc WHERE oid = o.objid) = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END,
-                           o.objid::regprocedure);
+                           o.objid::regprocedure,
+                           CASE WHEN (SELECT prosecdef FROM pg_catalog.pg_proc WHERE oid = o.objid) THEN 'alkblobs_owner' ELSE ext_owner END);
+            -- The definer functions call the internal invoker helpers.
+            IF (SELECT NOT prosecdef AND pronamespace = 'alkblobs'::regnamespace FROM pg_catalog.pg_proc WHERE oid = o.objid) THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO alkblobs_owner', o.objid::regprocedure);
+            END IF;
             IF (SELECT proname FROM pg_catalog.pg_proc WHERE oid = o.objid) <> 'alkblobs_key' THEN
                 EXECUTE format('REVOKE ALL ON %s %s FROM PUBLIC',
                                CASE WHEN (SELECT prokind FROM pg_catalog.pg_proc WHERE oid = o.objid) = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END,
@@ -101,7 +124,8 @@ BEGIN
             END IF;
         ELSIF o.classid = 'pg_catalog.pg_class'::regclass
               AND (SELECT relkind FROM pg_catalog.pg_class WHERE oid = o.objid) IN ('r', 'v', 'p') THEN
-            EXECUTE format('ALTER TABLE %s OWNER TO alkblobs_owner', o.objid::regclass);
+            EXECUTE format('ALTER TABLE %s OWNER TO %I', o.objid::regclass,
+                           CASE WHEN (SELECT relkind FROM pg_catalog.pg_class WHERE oid = o.objid) = 'v' THEN ext_owner ELSE 'alkblobs_owner' END);
             EXECUTE format('REVOKE ALL ON %s FROM PUBLIC', o.objid::regclass);
         ELSIF o.classid = 'pg_catalog.pg_type'::regclass
               AND (SELECT typtype FROM pg_catalog.pg_type WHERE oid = o.objid) NOT IN ('c')
@@ -117,6 +141,9 @@ BEGIN
                 AND m.lomowner <> 'alkblobs_owner'::regrole LOOP
         EXECUTE format('ALTER LARGE OBJECT %s OWNER TO alkblobs_owner', o.oid);
     END LOOP;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'alkblobs_liveness_ddl') THEN
+        EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_ddl ENABLE';
+    END IF;
 END $$;
 SELECT alkblobs.apply_policy();
 
@@ -135,6 +162,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_put(text, bytea, bytea, text),
     @extschema@.alkblobs_pin(text, bytea, text),
     @extschema@.alkblobs_pin_new(text, bytea, text),
+    @extschema@.alkblobs_local_published(text, bytea[]),
     @extschema@.alkblobs_unpin(text, bytea, text),
     @extschema@.alkblobs_renew(text, text),
     @extschema@.alkblobs_pins_held(text, text, bytea[]),
@@ -150,18 +178,20 @@ GRANT EXECUTE ON FUNCTION
   TO alkblobs_sweeper;
 GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer) TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
-    @extschema@.alkblobs_create_pool(text, interval, interval, text),
-    @extschema@.alkblobs_alter_pool(text, interval, interval),
+    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint),
+    @extschema@.alkblobs_alter_pool(text, interval, interval, bigint),
     @extschema@.alkblobs_register_liveness(text, regclass, boolean),
     @extschema@.alkblobs_unregister_liveness(text, regclass),
     @extschema@.alkblobs_grant_pool(text, regrole, text),
     @extschema@.alkblobs_revoke_pool(text, regrole, text)
   TO alkblobs_admin;
 -- Registration runs as the caller (it creates the guard trigger on the
--- caller's table), so admins reach exactly these three internals.
+-- caller's table), so admins reach exactly these five internals.
 GRANT USAGE ON SCHEMA alkblobs TO alkblobs_admin;
 GRANT EXECUTE ON FUNCTION
     alkblobs.liveness_guard(),
+    alkblobs.lock_pool_for_admin(text),
+    alkblobs.require_read_committed(text),
     alkblobs.add_source(text, regclass, boolean),
     alkblobs.remove_source(text, regclass)
   TO alkblobs_admin;

@@ -14,7 +14,12 @@ pgrx::extension_sql_file!("../../sql/bootstrap.sql", name = "bootstrap", bootstr
 pgrx::extension_sql_file!(
     "../../sql/api.sql",
     name = "api",
-    requires = ["bootstrap", alkblobs::blake3, alkblobs::lo_blake3]
+    requires = [
+        "bootstrap",
+        alkblobs::blake3,
+        alkblobs::lo_blake3,
+        alkblobs::lock_for_sweep
+    ]
 );
 pgrx::extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
 
@@ -38,6 +43,22 @@ mod alkblobs {
     #[pg_extern(immutable, parallel_safe, strict)]
     fn blake3(value: &[u8]) -> Vec<u8> {
         ::blake3::hash(value).as_bytes().to_vec()
+    }
+
+    /// Locks relation `rel` IN SHARE UPDATE EXCLUSIVE MODE by OID, for the
+    /// rest of the transaction. By OID because a name can be made to mean
+    /// another relation at any moment (`ALTER SCHEMA … RENAME` takes no
+    /// lock on the tables in it); without a privilege check because the
+    /// extension only ever locks tables their owners registered, and that
+    /// lock (which leaves writers alone) is what keeps their definition
+    /// still while a sweep relies on it. Waits at most `lock_timeout`
+    /// (55P03). Not granted to anyone: only the extension's functions call
+    /// it.
+    #[pg_extern(strict)]
+    fn lock_for_sweep(rel: pg_sys::Oid) {
+        // SAFETY: LockRelationOid takes any OID (an unused one locks
+        // nothing that exists); errors are raised as PostgreSQL ERRORs.
+        unsafe { pg_sys::LockRelationOid(rel, pg_sys::ShareUpdateExclusiveLock as pg_sys::LOCKMODE) };
     }
 
     /// BLAKE3 and size of a large object, read in 1 MiB `lo_get` windows so

@@ -184,3 +184,23 @@ pub async fn garbage(c: &Client, pool: &str, value: &[u8]) -> Vec<u8> {
     unpin(c, pool, value, "setup").await;
     key(value)
 }
+
+/// Publishes `key` as a file of local-tier `pool` the way a node does:
+/// `alkblobs_pin_new` (pin and record), then, with the file in place,
+/// `alkblobs_local_published`. Leaves `owner`'s pin in place.
+pub async fn publish_file(c: &Client, pool: &str, key: &[u8], owner: &str) {
+    c.execute(
+        "SELECT alkblobs_pin_new($1, $2, $3)",
+        &[&pool, &key, &owner],
+    )
+    .await
+    .expect("alkblobs_pin_new");
+    let marked = c
+        .query(
+            "SELECT * FROM alkblobs_local_published($1, ARRAY[$2::bytea])",
+            &[&pool, &key],
+        )
+        .await
+        .expect("alkblobs_local_published");
+    assert_eq!(marked.len(), 1, "the file's record vanished");
+}

@@ -52,6 +52,16 @@ async fn register(c: &Client, pool: &str, table: &str) {
     .unwrap();
 }
 
+/// Drops the view through which the extension reads registered `table`
+/// (as a superuser could), to test the validation behind it.
+async fn drop_source_view(su: &Client, table: &str) {
+    su.batch_execute(&format!(
+        "DO $$ BEGIN EXECUTE format('DROP VIEW alkblobs.%I', 'src_' || '{table}'::regclass::oid); END $$"
+    ))
+    .await
+    .unwrap();
+}
+
 async fn is_superuser(c: &Client, role: &str) -> bool {
     c.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = $1", &[&role])
         .await
@@ -99,6 +109,20 @@ async fn a_registered_tables_owner_cannot_become_superuser() {
     // The attack: a composite type with an implicit cast whose function
     // grants SUPERUSER to the attacker when run by a superuser.
     let ty = format!("{table}_t");
+    // First line of defence (0.4.0): the extension reads a registered
+    // table through a view bound to it, so its key column cannot be
+    // retyped at all…
+    let blocked = e
+        .batch_execute(&format!(
+            "CREATE TYPE {ty}_probe AS (b bytea);
+             ALTER TABLE {table} ALTER COLUMN key TYPE {ty}_probe USING ROW(key)::{ty}_probe"
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&blocked), "0A000", "{blocked}");
+    // …second line: with that view gone (a superuser dropped it), every
+    // use re-validates the table and refuses it.
+    drop_source_view(&su, &table).await;
     e.batch_execute(&format!(
         "DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON {table};
          CREATE TYPE {ty} AS (b bytea);
@@ -119,6 +143,7 @@ async fn a_registered_tables_owner_cannot_become_superuser() {
         .await
         .unwrap();
     register(&e, &pool, &t3).await;
+    drop_source_view(&su, &t3).await;
     e.batch_execute(&format!(
         "CREATE FUNCTION {ty}_spy({ty}) RETURNS bytea LANGUAGE plpgsql AS $f$
          BEGIN PERFORM set_config('alkblobs_test.cast_ran_as', current_user, false); RETURN $1.b; END $f$;
@@ -203,6 +228,7 @@ async fn a_registered_tables_owner_cannot_become_superuser() {
     .await
     .unwrap();
     register(&e, &pool, &t2).await;
+    drop_source_view(&su, &t2).await;
     e.batch_execute(&format!(
         "ALTER TABLE {table} ALTER COLUMN key TYPE bytea USING (key).b;
          DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON {t2};
@@ -276,7 +302,7 @@ async fn a_table_dropped_by_cascade_is_unregistered() {
     .unwrap();
     register(&c, &pool, &t2).await;
     c.batch_execute(&format!(
-        "ALTER EXTENSION tcn ADD TABLE {t2}; DROP EXTENSION tcn"
+        "ALTER EXTENSION tcn ADD TABLE {t2}; DROP EXTENSION tcn CASCADE"
     ))
     .await
     .unwrap();
@@ -544,6 +570,11 @@ async fn a_local_liveness_write_holds_off_a_claim() {
         .unwrap();
     register(&obs, &pool, &table).await;
     let k = key(b"a file someone just referenced");
+    // The file was published (recorded, then its pin released).
+    alkblobs_tests::pg::publish_file(&obs, &pool, &k, "node").await;
+    obs.execute("SELECT alkblobs_unpin($1, $2, 'node')", &[&pool, &k])
+        .await
+        .unwrap();
     let w = connect().await;
     w.batch_execute("BEGIN").await.unwrap();
     w.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&k])

@@ -228,7 +228,7 @@ async fn renewing_ten_thousand_pins_is_one_statement() {
     );
 }
 
-/// The upgrade path 0.1.0 -> 0.2.0 -> 0.3.0 exists and applies, carrying
+/// The upgrade path 0.1.0 -> 0.2.0 -> 0.3.0 -> 0.4.0 exists and applies, carrying
 /// data and registrations and the install's privilege policy; DROP and
 /// CREATE are clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,7 +288,7 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(v, "0.3.0", "UPDATE goes to the default version");
+    assert_eq!(v, "0.4.0", "UPDATE goes to the default version");
     let pools: i64 = c
         .query_one("SELECT count(*) FROM alkblobs_pools", &[])
         .await
@@ -296,8 +296,10 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .get(0);
     assert_eq!(pools, 1, "the upgrade kept the data");
     // The upgrade applies the install's policy: nothing but alkblobs_key is
-    // executable by PUBLIC, and nothing of the extension is owned by a
-    // superuser (every function included, new ones above all).
+    // executable by PUBLIC, and no SECURITY DEFINER function of the
+    // extension is owned by a superuser (new ones above all), while every
+    // invoker function is (alkblobs_owner must not be able to redefine
+    // what its callers run).
     let public: Vec<String> = c
         .query(
             "SELECT p.oid::regprocedure::text FROM pg_proc p
@@ -317,7 +319,7 @@ async fn the_extension_upgrades_and_drops_cleanly() {
             "SELECT count(*) FROM pg_proc p
                JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
                JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
-               JOIN pg_roles r ON r.oid = p.proowner WHERE r.rolsuper",
+               JOIN pg_roles r ON r.oid = p.proowner WHERE r.rolsuper = p.prosecdef",
             &[],
         )
         .await
@@ -325,7 +327,7 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .get(0);
     assert_eq!(
         superuser_owned, 0,
-        "functions owned by a superuser after the upgrade"
+        "definer functions owned by a superuser, or invoker functions not, after the upgrade"
     );
     // The old registration still protects (its guard was replaced), and the
     // pool works under the new API.

@@ -521,6 +521,12 @@ async fn a_local_tier_claim_holds_its_keys_until_the_files_are_deleted() {
     let c = connect().await;
     let w = connect().await;
     let pool = alkblobs_tests::pg::pool(&obs, "race-local", "0 seconds", "60 seconds").await;
+    obs.execute(
+        "UPDATE alkblobs.pools SET large_tier = 'local' WHERE name = $1",
+        &[&pool],
+    )
+    .await
+    .unwrap();
     let dead = key(b"file nobody wants");
     let wanted = key(b"file a writer is about to re-publish");
     let pinned = key(b"file with a pin");

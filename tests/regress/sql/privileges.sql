@@ -37,7 +37,8 @@ SELECT count(*) AS definers
   JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
  WHERE p.prosecdef;
 -- the definers run as alkblobs_owner: not a superuser, cannot log in, member
--- of nothing; it owns every function of the extension and its tables
+-- of nothing; it owns every definer function of the extension and its
+-- tables, while the invoker functions belong to the installing superuser
 SELECT rolsuper, rolcanlogin, rolcreaterole, rolcreatedb, rolbypassrls, rolreplication
   FROM pg_roles WHERE rolname = 'alkblobs_owner';
 SELECT count(*) AS memberships FROM pg_auth_members m
