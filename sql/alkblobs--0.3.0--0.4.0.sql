@@ -31,6 +31,10 @@ DROP FUNCTION alkblobs.bucket_lock(integer, bytea);
 DROP FUNCTION @extschema@.alkblobs_create_pool(text, interval, interval, text);
 DROP FUNCTION @extschema@.alkblobs_alter_pool(text, interval, interval);
 
+-- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
+CREATE FUNCTION alkblobs."lock_for_sweep"("rel" oid) RETURNS void
+STRICT LANGUAGE c AS 'MODULE_PATHNAME', 'lock_for_sweep_wrapper';
+
 -- Schema delta.
 DROP TABLE alkblobs.collected;
 CREATE TABLE alkblobs.files (

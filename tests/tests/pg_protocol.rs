@@ -352,7 +352,7 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .await
         .unwrap_err();
     assert_eq!(alkblobs_tests::pg::sqlstate(&e), "AB002");
-    c.batch_execute("DROP TABLE u_refs; DROP EXTENSION alkblobs")
+    c.batch_execute("DROP TABLE u_refs CASCADE; DROP EXTENSION alkblobs")
         .await
         .unwrap();
     let left: i64 = c
