@@ -58,7 +58,9 @@ mod alkblobs {
     fn lock_for_sweep(rel: pg_sys::Oid) {
         // SAFETY: LockRelationOid takes any OID (an unused one locks
         // nothing that exists); errors are raised as PostgreSQL ERRORs.
-        unsafe { pg_sys::LockRelationOid(rel, pg_sys::ShareUpdateExclusiveLock as pg_sys::LOCKMODE) };
+        unsafe {
+            pg_sys::LockRelationOid(rel, pg_sys::ShareUpdateExclusiveLock as pg_sys::LOCKMODE)
+        };
     }
 
     /// BLAKE3 and size of a large object, read in 1 MiB `lo_get` windows so

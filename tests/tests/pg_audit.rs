@@ -190,9 +190,7 @@ async fn alkblobs_owner_cannot_redefine_what_its_callers_run() {
         .await
         .unwrap();
     let e = su
-        .batch_execute(
-            "ALTER PROCEDURE alkblobs_sweep_all(text, integer) SET search_path = public",
-        )
+        .batch_execute("ALTER PROCEDURE alkblobs_sweep_all(text, integer) SET search_path = public")
         .await
         .unwrap_err();
     su.batch_execute("ROLLBACK").await.unwrap();
@@ -257,7 +255,10 @@ async fn a_sweep_freezes_its_tables_definition_and_gives_up_on_ddl_in_progress()
         .expect("the sweep hung behind DDL");
     ddl.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(got, Ok((0, Some("liveness_table_busy".into()))));
-    assert!(started.elapsed() >= Duration::from_secs(4), "no wait at all");
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "no wait at all"
+    );
 }
 
 // The local tier: what the pool holds -----------------------------------------------
@@ -552,9 +553,18 @@ async fn dry_runs_are_bounded_and_pool_settings_are_checked() {
     .await
     .unwrap();
     for (sql, want) in [
-        ("SELECT alkblobs_create_pool($1 || 'x', max_object_bytes => 0)", "22023"),
-        ("SELECT alkblobs_create_pool($1 || 'y', max_object_bytes => NULL)", "22004"),
-        ("SELECT alkblobs_alter_pool($1, max_object_bytes => -1)", "22023"),
+        (
+            "SELECT alkblobs_create_pool($1 || 'x', max_object_bytes => 0)",
+            "22023",
+        ),
+        (
+            "SELECT alkblobs_create_pool($1 || 'y', max_object_bytes => NULL)",
+            "22004",
+        ),
+        (
+            "SELECT alkblobs_alter_pool($1, max_object_bytes => -1)",
+            "22023",
+        ),
     ] {
         let e = c.execute(sql, &[&small]).await.unwrap_err();
         assert_eq!(sqlstate(&e), want, "{sql}: {e}");
@@ -606,9 +616,12 @@ async fn dry_runs_are_bounded_and_pool_settings_are_checked() {
 async fn renaming_schemas_cannot_swap_a_registered_table() {
     let su = connect().await;
     let m = login_role(&su, "swapper", "alkblobs_admin").await;
-    su.batch_execute(&format!("GRANT CREATE ON DATABASE {} TO {m}", db_name(&su).await))
-        .await
-        .unwrap();
+    su.batch_execute(&format!(
+        "GRANT CREATE ON DATABASE {} TO {m}",
+        db_name(&su).await
+    ))
+    .await
+    .unwrap();
     let c = connect_as(&m).await;
     let pool = pool(&c, "swap", "0 seconds", "60 seconds").await;
     let app = table_name(&pool, "app");
