@@ -50,6 +50,6 @@ step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
 step "PostgreSQL race, protocol and hardening suites"
-ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit
+ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines
 
 step "all tests passed"

@@ -23,7 +23,11 @@
 --   liveness write for a key that is neither an entry nor a published file
 --   fails with AB002. Keys pinned or staged on the local tier at the upgrade
 --   are recorded as published files too. The `collected` table is gone;
--- * alkblobs_create_pool / alkblobs_alter_pool take max_object_bytes.
+-- * alkblobs_create_pool / alkblobs_alter_pool take max_object_bytes;
+-- * pools have a mode: 'fleet' (every existing pool) or 'single' (one store
+--   instance owns and sweeps it: alkblobs_create_pool(…, single_instance =>
+--   true)), with the engine functions alkblobs_list, alkblobs_put_many,
+--   alkblobs_delete and the single-instance arbiter's tables.
 
 -- Functions whose argument list or result changed, or that are gone.
 DROP FUNCTION alkblobs.check_sources(integer);
@@ -53,11 +57,46 @@ SELECT pn.pool, pn.key, true FROM alkblobs.pins pn JOIN alkblobs.pools p ON p.id
    AND NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = pn.pool AND e.key = pn.key)
 ON CONFLICT DO NOTHING;
 
+ALTER TABLE alkblobs.pools
+    ADD COLUMN mode text NOT NULL DEFAULT 'fleet' CONSTRAINT mode_known CHECK (mode IN ('fleet', 'single'));
+CREATE TABLE alkblobs.single_staged (
+    pool             integer NOT NULL REFERENCES alkblobs.pools (id),
+    key              bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    staged_at_ms     bigint NOT NULL,
+    visible_after_ms bigint,
+    PRIMARY KEY (pool, key)
+);
+CREATE TABLE alkblobs.single_roots (
+    pool integer NOT NULL REFERENCES alkblobs.pools (id),
+    key  bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    PRIMARY KEY (pool, key)
+);
+REVOKE ALL ON alkblobs.single_staged, alkblobs.single_roots FROM PUBLIC;
+
 ALTER TABLE alkblobs.liveness
     ADD COLUMN pending text CONSTRAINT pending_known CHECK (pending IN ('recheck', 'seed'));
 UPDATE alkblobs.liveness l
    SET pending = CASE WHEN p.large_tier = 'local' THEN 'seed' ELSE 'recheck' END
   FROM alkblobs.pools p WHERE p.id = l.pool AND NOT l.forward_refs;
+
+-- A registration names its table by regclass (pg_dump writes a name).
+ALTER TABLE alkblobs.liveness ALTER COLUMN relid TYPE regclass;
+
+-- pg_dump dumps the pools (new in 0.4.0).
+-- (One call per statement: each updates the extension's row.)
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pools', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pools_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_grants', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.entries', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pins', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.liveness', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.staged', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.files', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_staged', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_roots', '');
 
 -- Registered tables: the guard fires ALWAYS.
 DO $$
@@ -207,6 +246,21 @@ BEGIN
     IF length(o) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'owner must be 1 to 200 characters (a store-instance id), got %', length(o)
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- Refuses `what` on a pool of the wrong mode (pools.mode).
+CREATE OR REPLACE FUNCTION alkblobs.require_mode(pl alkblobs.pools, need text, what text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pl.mode <> need THEN
+        RAISE EXCEPTION '% is for % pools; pool "%" is a % pool', what,
+                        CASE need WHEN 'single' THEN 'single-instance' ELSE 'fleet' END, pl.name,
+                        CASE pl.mode WHEN 'single' THEN 'single-instance' ELSE 'fleet' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = CASE pl.mode WHEN 'single' THEN 'The store instance that owns a single-instance pool sweeps it (and its liveness is in that process).'
+                                      ELSE 'Fleet pools are swept by alkblobs_sweep; puts pin for an owner.' END;
     END IF;
 END $$;
 
@@ -371,6 +425,17 @@ BEGIN
         EXECUTE format('DROP VIEW %s', v);
         RETURN 'was being renamed while the extension read it (its name meant another relation); try again';
     END IF;
+    -- A view follows a column's number, the guard its name: after
+    -- `RENAME key TO …; ADD key …` they would read different columns.
+    -- Rebind the view to the column now called "key".
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_rewrite rw
+          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND d.objid = rw.oid
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = rel AND a.attnum = d.refobjsubid
+         WHERE rw.ev_class = v::pg_catalog.regclass AND d.refobjid = rel AND a.attname = 'key' AND NOT a.attisdropped) THEN
+        EXECUTE format('DROP VIEW %s', v);
+        RETURN alkblobs.ensure_view(rel);
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -389,16 +454,29 @@ CREATE OR REPLACE FUNCTION alkblobs.lock_source(rel oid, OUT problem text, OUT b
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '5s' AS $$
+DECLARE
+    locked oid[];
+    frontier oid[];
 BEGIN
     busy := false;
     gone := false;
     BEGIN
         PERFORM alkblobs.lock_for_sweep(rel);
-        -- Partitions are read through their parent: lock them too (no
-        -- partition can be attached or detached meanwhile: that needs a
-        -- lock on the parent that conflicts with ours).
-        PERFORM alkblobs.lock_for_sweep(t.relid)
-           FROM pg_catalog.pg_partition_tree(rel) t WHERE t.relid <> rel;
+        -- Partitions are read through their parent: lock them too, one
+        -- level at a time. Attaching to a locked table waits for us, so
+        -- once a level is locked, its children as read by the next
+        -- statement are all it will have; a sub-partition attached just
+        -- before we locked its parent is seen by that statement.
+        locked := ARRAY[rel];
+        frontier := ARRAY[rel];
+        LOOP
+            frontier := ARRAY(SELECT i.inhrelid FROM pg_catalog.pg_inherits i
+                               WHERE i.inhparent = ANY(frontier) AND NOT i.inhrelid = ANY(locked)
+                               ORDER BY i.inhrelid);
+            EXIT WHEN cardinality(frontier) = 0;
+            PERFORM alkblobs.lock_for_sweep(x) FROM unnest(frontier) x;
+            locked := locked || frontier;
+        END LOOP;
     EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
         busy := true;
         problem := 'is locked by DDL in progress (waited 5 s)';
@@ -521,13 +599,14 @@ CREATE OR REPLACE FUNCTION @extschema@.alkblobs_create_pool(
     delete_window interval DEFAULT '5 minutes',
     pin_ttl interval DEFAULT '60 seconds',
     large_tier text DEFAULT 'pg-lo',
-    max_object_bytes bigint DEFAULT 68719476736)
+    max_object_bytes bigint DEFAULT 68719476736,
+    single_instance boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL THEN
-        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier and max_object_bytes must not be NULL'
+    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL THEN
+        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes and single_instance must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM alkblobs.check_max_object($5);
@@ -540,8 +619,8 @@ BEGIN
         RAISE EXCEPTION 'large_tier must be ''pg-lo'', ''local'' or ''none'', got %', quote_literal($4)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes)
-    VALUES ($1, $2, $3, $4, alkblobs.caller(), $5);
+    INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode)
+    VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END);
 EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'alkblobs pool "%" already exists', $1
         USING ERRCODE = 'duplicate_object',
@@ -650,8 +729,9 @@ BEGIN
     IF NOT FOUND OR NOT alkblobs.may(pl, 'write') THEN
         PERFORM alkblobs.pool($1, 'write');  -- raises the unknown-pool or no-access error
     END IF;
-    IF $2 IS NULL OR $3 IS NULL OR $4 IS NULL THEN
-        RAISE EXCEPTION 'key, value and owner must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    IF $2 IS NULL OR $3 IS NULL OR ($4 IS NULL AND pl.mode <> 'single') THEN
+        RAISE EXCEPTION 'key, value and owner must not be NULL (owner may be NULL only in single-instance pools)'
+            USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF length($2) <> 32 THEN
         PERFORM alkblobs.check_key($2);
@@ -678,9 +758,11 @@ BEGIN
             IF pl.large_tier = 'local' THEN
                 DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
             END IF;
-            INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-            VALUES (pl.id, $2, me, $4, clock_timestamp() + pl.pin_ttl)
-            ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+            IF $4 IS NOT NULL THEN
+                INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
+                VALUES (pl.id, $2, me, $4, clock_timestamp() + pl.pin_ttl)
+                ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+            END IF;
             RETURN true;
         END IF;
         -- Present. DO NOTHING did not wait for an executor that may be
@@ -689,9 +771,11 @@ BEGIN
         PERFORM 1 FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 FOR KEY SHARE;
         IF FOUND THEN
             DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
-            INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-            VALUES (pl.id, $2, me, $4, clock_timestamp() + pl.pin_ttl)
-            ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+            IF $4 IS NOT NULL THEN
+                INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
+                VALUES (pl.id, $2, me, $4, clock_timestamp() + pl.pin_ttl)
+                ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+            END IF;
             RETURN false;
         END IF;
         -- Deleted while we waited: insert it afresh.
@@ -737,6 +821,7 @@ DECLARE
 BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_pin_new');
     IF pl.large_tier <> 'local' THEN
         RAISE EXCEPTION 'pool "%" keeps large content in tier %, not on a shared local tier', pl.name, pl.large_tier
             USING ERRCODE = 'invalid_parameter_value',
@@ -872,6 +957,224 @@ BEGIN
     RETURN QUERY SELECT e.size, e.tier, e.created_at FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2;
 END $$;
 
+-- Entries of one tier ('kv' or 'lo', NULL: both) with key > after, in key
+-- order, at most lim (1 to 100,000): how an engine lists a pool in pages.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_list(pool text, after bytea DEFAULT NULL, lim integer DEFAULT 10000, only_tier text DEFAULT NULL)
+RETURNS TABLE (key bytea, size bigint, tier text)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'read');
+BEGIN
+    PERFORM alkblobs.not_null($3, 'lim');
+    IF $3 < 1 OR $3 > 100000 THEN
+        RAISE EXCEPTION 'lim must be between 1 and 100000, got %', $3 USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF $4 IS NOT NULL AND $4 NOT IN ('kv', 'lo') THEN
+        RAISE EXCEPTION 'tier must be ''kv'', ''lo'' or NULL, got %', quote_literal($4) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        SELECT e.key, e.size, e.tier FROM alkblobs.entries e
+         WHERE e.pool = pl.id AND e.key > coalesce($2, '\x'::bytea) AND ($4 IS NULL OR e.tier = $4)
+         ORDER BY e.key LIMIT $3;
+END $$;
+
+-- Many kv puts in one call (one round trip, one transaction): the same as
+-- alkblobs_put for each (keys[i], vals[i]), in order; at most 10,000.
+-- Returns, per key, whether its entry is new.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_put_many(pool text, keys bytea[], vals bytea[], owner text)
+RETURNS boolean[]
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    out boolean[] := '{}';
+BEGIN
+    PERFORM alkblobs.pool($1, 'write');
+    PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.not_null($3, 'vals');
+    IF cardinality($2) <> cardinality($3) THEN
+        RAISE EXCEPTION 'keys and vals differ in length (% and %)', cardinality($2), cardinality($3)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality($2) > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 values per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN 1..coalesce(cardinality($2), 0) LOOP
+        out := out || @extschema@.alkblobs_put($1, $2[i], $3[i], $4);
+    END LOOP;
+    RETURN out;
+END $$;
+
+-- Single-instance pools (pools.mode = 'single') ------------------------------------
+--
+-- One store instance owns such a pool and collects it with its in-process
+-- arbiter: it decides what is dead (its pins are in its memory) and deletes
+-- through alkblobs_delete; its staged candidates and roots are durable rows
+-- here, read and written through the functions below. Nothing in this
+-- section works on a fleet pool (22023), and the extension's sweep refuses
+-- a single-instance pool.
+
+-- Deletes entries (and their large objects) of a single-instance pool; at
+-- most 1,000 keys per call. Returns each deleted key and its size.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_delete(pool text, keys bytea[])
+RETURNS TABLE (key bytea, size bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+    r record;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_delete');
+    PERFORM alkblobs.not_null($2, 'keys');
+    IF cardinality($2) > 1000 THEN
+        RAISE EXCEPTION 'at most 1000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR r IN DELETE FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = ANY($2)
+             RETURNING e.key, e.size, e.loid LOOP
+        IF r.loid IS NOT NULL THEN
+            PERFORM pg_catalog.lo_unlink(r.loid);
+        END IF;
+        key := r.key;
+        size := r.size;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- The single-instance arbiter's staged rows: stage (unsealed), seal,
+-- reseal (move earlier), discard unsealed, due / staged pages, unstage.
+-- Times are the client's Unix milliseconds (its clock decides its window).
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_single_stage(pool text, keys bytea[], now_ms bigint)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+    n bigint;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_stage');
+    PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.not_null($3, 'now_ms');
+    IF EXISTS (SELECT 1 FROM unnest($2) k WHERE k IS NULL OR length(k) <> 32) THEN
+        RAISE EXCEPTION 'every key is 32 bytes (a BLAKE3 hash)' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO alkblobs.single_staged (pool, key, staged_at_ms)
+    SELECT DISTINCT pl.id, k, $3 FROM unnest($2) k
+    ON CONFLICT ON CONSTRAINT single_staged_pkey DO NOTHING;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- op: 'seal' (unsealed rows get visible_after_ms = v), 'reseal' (sealed
+-- rows later than v move to v), 'discard' (unsealed rows go).
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_single_seal(pool text, op text, v bigint)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+    n bigint;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_seal');
+    PERFORM alkblobs.not_null($2, 'op');
+    IF $2 = 'seal' THEN
+        PERFORM alkblobs.not_null($3, 'v');
+        UPDATE alkblobs.single_staged s SET visible_after_ms = $3 WHERE s.pool = pl.id AND s.visible_after_ms IS NULL;
+    ELSIF $2 = 'reseal' THEN
+        PERFORM alkblobs.not_null($3, 'v');
+        UPDATE alkblobs.single_staged s SET visible_after_ms = $3 WHERE s.pool = pl.id AND s.visible_after_ms > $3;
+    ELSIF $2 = 'discard' THEN
+        DELETE FROM alkblobs.single_staged s WHERE s.pool = pl.id AND s.visible_after_ms IS NULL;
+    ELSE
+        RAISE EXCEPTION 'op must be ''seal'', ''reseal'' or ''discard'', got %', quote_literal($2) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Staged rows with key > after, ascending, at most lim (1 to 100,000);
+-- only those due at due_at_ms if it is not NULL.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_single_staged(pool text, after bytea, lim integer, due_at_ms bigint DEFAULT NULL)
+RETURNS TABLE (key bytea, staged_at_ms bigint, visible_after_ms bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'read');
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_staged');
+    PERFORM alkblobs.not_null($3, 'lim');
+    IF $3 < 1 OR $3 > 100000 THEN
+        RAISE EXCEPTION 'lim must be between 1 and 100000, got %', $3 USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        SELECT s.key, s.staged_at_ms, s.visible_after_ms FROM alkblobs.single_staged s
+         WHERE s.pool = pl.id AND s.key > coalesce($2, '\x'::bytea)
+           AND ($4 IS NULL OR s.visible_after_ms <= $4)
+         ORDER BY s.key LIMIT $3;
+END $$;
+
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_single_unstage(pool text, keys bytea[])
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+    n bigint;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_unstage');
+    PERFORM alkblobs.not_null($2, 'keys');
+    DELETE FROM alkblobs.single_staged s WHERE s.pool = pl.id AND s.key = ANY($2);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Roots: add (true) or remove (false) keys; returns how many changed.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_single_roots_set(pool text, keys bytea[], present boolean)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+    n bigint;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_roots_set');
+    PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.not_null($3, 'present');
+    IF EXISTS (SELECT 1 FROM unnest($2) k WHERE k IS NULL OR length(k) <> 32) THEN
+        RAISE EXCEPTION 'every key is 32 bytes (a BLAKE3 hash)' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF $3 THEN
+        INSERT INTO alkblobs.single_roots (pool, key) SELECT DISTINCT pl.id, k FROM unnest($2) k
+        ON CONFLICT ON CONSTRAINT single_roots_pkey DO NOTHING;
+    ELSE
+        DELETE FROM alkblobs.single_roots r WHERE r.pool = pl.id AND r.key = ANY($2);
+    END IF;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+-- Roots with key > after, ascending, at most lim (1 to 100,000); or, with
+-- keys given, which of them are roots.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_single_roots(pool text, after bytea, lim integer, keys bytea[] DEFAULT NULL)
+RETURNS SETOF bytea
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'read');
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_roots');
+    PERFORM alkblobs.not_null($3, 'lim');
+    IF $3 < 1 OR $3 > 100000 THEN
+        RAISE EXCEPTION 'lim must be between 1 and 100000, got %', $3 USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        SELECT r.key FROM alkblobs.single_roots r
+         WHERE r.pool = pl.id AND r.key > coalesce($2, '\x'::bytea) AND ($4 IS NULL OR r.key = ANY($4))
+         ORDER BY r.key LIMIT $3;
+END $$;
+
 -- Large objects (the pg-lo tier) ---------------------------------------------
 --
 -- One upload is one client transaction, in bounded chunks:
@@ -948,7 +1251,9 @@ DECLARE
 BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.not_null($3, 'loid');
-    PERFORM alkblobs.check_owner($4);
+    IF $4 IS NOT NULL OR pl.mode <> 'single' THEN
+        PERFORM alkblobs.check_owner($4);
+    END IF;
     u := alkblobs.my_upload($3);
     IF u.pool <> pl.id THEN
         RAISE EXCEPTION 'large object % is an upload to another pool', $3 USING ERRCODE = 'invalid_parameter_value';
@@ -981,7 +1286,9 @@ BEGIN
         PERFORM pg_catalog.lo_unlink($3);
     END IF;
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
-    PERFORM alkblobs.pin_row(pl, $2, $4);
+    IF $4 IS NOT NULL THEN
+        PERFORM alkblobs.pin_row(pl, $2, $4);
+    END IF;
     RETURN created;
 END $$;
 
@@ -1092,7 +1399,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'admin');
-    prob text;
+    ls record;
 BEGIN
     IF $2 IS NULL OR $3 IS NULL THEN
         RAISE EXCEPTION 'table and forward_references must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -1101,22 +1408,29 @@ BEGIN
         RAISE EXCEPTION 'must own table % to register it as a liveness source', $2
             USING ERRCODE = 'insufficient_privilege';
     END IF;
+    -- A single-instance store keeps its liveness in its own process.
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_register_liveness');
     -- Registration waits out a running sweep: the next sweep sees the table
     -- from its first statement on.
     PERFORM pg_catalog.pg_advisory_xact_lock(alkblobs.lock_class(), pl.id);
-    prob := coalesce(alkblobs.source_problem_top($2), alkblobs.ensure_view($2));
-    IF prob IS NOT NULL THEN
-        RAISE EXCEPTION 'table % cannot be a liveness source: it %', $2, prob USING ERRCODE = 'wrong_object_type';
+    -- Lock (table and partitions), then validate: the rows are read below.
+    SELECT * INTO ls FROM alkblobs.lock_source($2);
+    IF ls.busy THEN
+        RAISE EXCEPTION 'table % %', $2, ls.problem USING ERRCODE = 'lock_not_available';
+    ELSIF ls.gone THEN
+        RAISE EXCEPTION 'table % was dropped', $2 USING ERRCODE = 'undefined_table';
+    ELSIF ls.problem IS NOT NULL THEN
+        RAISE EXCEPTION 'table % cannot be a liveness source: it %', $2, ls.problem USING ERRCODE = 'wrong_object_type';
     END IF;
     INSERT INTO alkblobs.liveness (pool, relid, forward_refs, registered_by)
     VALUES (pl.id, $2, $3, alkblobs.caller())
     ON CONFLICT ON CONSTRAINT liveness_pkey DO UPDATE SET forward_refs = EXCLUDED.forward_refs;
     -- Rows already in the table were written without this pool's guard.
-    -- (No sweep of the pool runs until we commit: we hold its lock. The
-    -- caller's CREATE/ALTER TRIGGER holds the table against writers and
-    -- DDL, so the validation above still stands; and the caller runs READ
-    -- COMMITTED, so this scan sees every committed row.)
+    -- (No sweep of the pool runs until we commit: we hold its lock; the
+    -- table's definition is held by ours. Outside READ COMMITTED the scan
+    -- would miss rows committed after the snapshot: refused.)
     IF NOT $3 THEN
+        PERFORM alkblobs.require_read_committed('alkblobs_register_liveness');
         PERFORM alkblobs.refuse_absent(pl, $2);
     END IF;
 END $$;
@@ -1165,42 +1479,25 @@ END $$;
 
 -- A registered table that changed (ATTACH PARTITION brings in rows no
 -- guard saw; ENABLE TRIGGER after a DISABLE lets in rows written without
--- it) must still name only held content: after every ALTER TABLE of a
--- registered table or of a partition of one, its rows are checked (a scan
--- of the table: such DDL is rare, and the check runs inside it, so a bad
--- table makes the DDL fail with AB002). Where that cannot be done right
--- away (the table does not pass validation at this moment, or the DDL runs
--- outside READ COMMITTED and would scan an old snapshot) the registration
--- is marked 'recheck' and the next sweep checks the rows, aborting while
--- one names absent content. (A new partition is read through its parent
--- and needs no grant of its own.)
+-- it) must still name only held content. After every ALTER TABLE of a
+-- registered table or of a partition of one, the registration is marked
+-- 'recheck' (a 'seed' of an upgrade too: rows may have arrived meanwhile),
+-- and the next sweep, stage or claim checks every row under its lock and
+-- aborts while one names content the pool does not hold. This trigger
+-- itself reads no user table (it runs inside anyone's DDL).
 CREATE OR REPLACE FUNCTION alkblobs.on_ddl_end() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    c record;
-    r record;
 BEGIN
-    FOR c IN SELECT DISTINCT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-              WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0 LOOP
-        FOR r IN SELECT l.pool, l.relid, l.forward_refs FROM alkblobs.liveness l
-                  WHERE l.relid = c.objid OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(c.objid) a)
-                  ORDER BY l.pool, l.relid LOOP
-            CONTINUE WHEN r.forward_refs;
-            IF pg_catalog.current_setting('transaction_isolation') = 'read committed'
-               AND alkblobs.source_problem(r.relid) IS NULL THEN
-                -- This DDL holds the table at SHARE UPDATE EXCLUSIVE or
-                -- stronger; so does this lock (and it is ours already).
-                PERFORM alkblobs.lock_for_sweep(r.relid);
-                IF alkblobs.ensure_view(r.relid) IS NULL THEN
-                    PERFORM alkblobs.refuse_absent(p, r.relid) FROM alkblobs.pools p WHERE p.id = r.pool;
-                    CONTINUE;
-                END IF;
-            END IF;
-            UPDATE alkblobs.liveness l SET pending = 'recheck'
-             WHERE l.pool = r.pool AND l.relid = r.relid AND l.pending IS NULL;
-        END LOOP;
-    END LOOP;
+    UPDATE alkblobs.liveness l SET pending = 'recheck'
+     WHERE NOT l.forward_refs AND l.pending IS DISTINCT FROM 'recheck'
+       AND l.relid IN (
+           SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+            WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0
+           UNION
+           SELECT a.relid FROM pg_catalog.pg_event_trigger_ddl_commands() d,
+                  LATERAL pg_catalog.pg_partition_ancestors(d.objid) a
+            WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0);
 END $$;
 
 DROP EVENT TRIGGER IF EXISTS alkblobs_liveness_ddl;
@@ -1352,6 +1649,7 @@ DECLARE
     cs record;
 BEGIN
     PERFORM alkblobs.require_read_committed('alkblobs_stage');
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_stage');
     PERFORM alkblobs.not_null($2, 'keys');
     IF EXISTS (SELECT 1 FROM unnest($2) k WHERE k IS NULL OR length(k) <> 32) THEN
         RAISE EXCEPTION 'every key is 32 bytes (a BLAKE3 hash)' USING ERRCODE = 'invalid_parameter_value';
@@ -1430,6 +1728,7 @@ DECLARE
     cs record;
 BEGIN
     PERFORM alkblobs.require_read_committed('alkblobs_claim_local');
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_claim_local');
     PERFORM alkblobs.not_null($2, 'max_keys');
     IF $2 < 0 OR $2 > 10000 THEN
         RAISE EXCEPTION 'max_keys must be between 0 and 10000, got %', $2 USING ERRCODE = 'invalid_parameter_value';
@@ -1550,6 +1849,13 @@ BEGIN
     examined := 0; live := 0; pinned := 0; staged := 0; executed := 0; deleted := 0;
     kept := 0; bytes_freed := 0; pins_reaped := 0; remaining := 0; local_due := 0;
     skipped := 0; uploads_reaped := 0; mark_done := false;
+    IF pl.mode = 'single' THEN
+        RAISE WARNING 'alkblobs pool "%" is a single-instance pool: the store instance that owns it sweeps it', pl.name;
+        aborted := 'single_instance_pool';
+        duration := clock_timestamp() - t0;
+        RETURN NEXT;
+        RETURN;
+    END IF;
     IF NOT pg_catalog.pg_try_advisory_xact_lock(alkblobs.lock_class(), pl.id) THEN
         aborted := 'sweeper_lock';
         duration := clock_timestamp() - t0;
@@ -1830,10 +2136,12 @@ BEGIN
         detail := format('present: %s bytes in tier %s since %s', e.size, e.tier, e.created_at);
     ELSE
         aspect := 'entry';
-        IF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2) THEN
+        IF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2 AND f.published) THEN
             has_entry := true;
-            detail := format('present: a file on the shared local tier, recorded %s',
-                             (SELECT f.published_at FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2));
+            detail := format('present: a published file on the shared local tier, recorded %s',
+                             (SELECT f.recorded_at FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2));
+        ELSIF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2) THEN
+            detail := 'absent: a file is being published (recorded, not yet confirmed by alkblobs_local_published)';
         ELSE
             detail := 'absent';
         END IF;
@@ -1932,7 +2240,7 @@ END $$;
 -- the pool filter already let through, so it cannot see other pools' rows.
 CREATE OR REPLACE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
-       coalesce(o.rolname, p.owner::text) AS owner, p.created_at
+       coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -2067,8 +2375,13 @@ BEGIN
                 AND m.lomowner <> 'alkblobs_owner'::regrole LOOP
         EXECUTE format('ALTER LARGE OBJECT %s OWNER TO alkblobs_owner', o.oid);
     END LOOP;
+    -- ALWAYS: a role allowed to set session_replication_role must not
+    -- slip DDL past them.
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'alkblobs_liveness_ddl') THEN
-        EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_ddl ENABLE';
+        EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_ddl ENABLE ALWAYS';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'alkblobs_liveness_drop') THEN
+        EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_drop ENABLE ALWAYS';
     END IF;
 END $$;
 SELECT alkblobs.apply_policy();
@@ -2082,10 +2395,16 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_get(text, bytea),
     @extschema@.alkblobs_stat(text, bytea),
     @extschema@.alkblobs_lo_read(text, bytea, bigint, integer),
-    @extschema@.alkblobs_explain(text, bytea)
+    @extschema@.alkblobs_explain(text, bytea),
+    @extschema@.alkblobs_list(text, bytea, integer, text),
+    @extschema@.alkblobs_single_staged(text, bytea, integer, bigint),
+    @extschema@.alkblobs_single_roots(text, bytea, integer, bytea[])
   TO alkblobs_reader;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_put(text, bytea, bytea, text),
+    @extschema@.alkblobs_put_many(text, bytea[], bytea[], text),
+    @extschema@.alkblobs_single_unstage(text, bytea[]),
+    @extschema@.alkblobs_single_roots_set(text, bytea[], boolean),
     @extschema@.alkblobs_pin(text, bytea, text),
     @extschema@.alkblobs_pin_new(text, bytea, text),
     @extschema@.alkblobs_local_published(text, bytea[]),
@@ -2100,11 +2419,14 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_stage(text, bytea[]),
     @extschema@.alkblobs_claim_local(text, integer),
-    @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer)
+    @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer),
+    @extschema@.alkblobs_delete(text, bytea[]),
+    @extschema@.alkblobs_single_stage(text, bytea[], bigint),
+    @extschema@.alkblobs_single_seal(text, text, bigint)
   TO alkblobs_sweeper;
 GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer) TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
-    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint),
+    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean),
     @extschema@.alkblobs_alter_pool(text, interval, interval, bigint),
     @extschema@.alkblobs_register_liveness(text, regclass, boolean),
     @extschema@.alkblobs_unregister_liveness(text, regclass),

@@ -46,6 +46,12 @@ CREATE TABLE alkblobs.pools (
     -- client stages and deletes them under this database's arbitration) or
     -- 'none' (kv-only; large content is routed to a storage node).
     large_tier    text NOT NULL CONSTRAINT large_tier_known CHECK (large_tier IN ('pg-lo', 'local', 'none')),
+    -- 'fleet': swept by the extension (pins are rows, liveness is tables).
+    -- 'single': one store instance owns the pool and sweeps it itself with
+    -- its in-process arbiter (its pins are in its memory, its staged rows
+    -- and roots in single_staged / single_roots); the extension's own sweep
+    -- and the fleet-only functions refuse it.
+    mode          text NOT NULL DEFAULT 'fleet' CONSTRAINT mode_known CHECK (mode IN ('fleet', 'single')),
     -- The role that created the pool (its login role): it and its members
     -- have every access to the pool; others need a grant (pool_grants).
     owner         oid NOT NULL,
@@ -103,7 +109,9 @@ CREATE INDEX pins_by_owner ON alkblobs.pins (pool, role, owner);
 -- removes the registration (event trigger below).
 CREATE TABLE alkblobs.liveness (
     pool          integer NOT NULL REFERENCES alkblobs.pools (id),
-    relid         oid NOT NULL,
+    -- regclass (an OID that pg_dump writes as the table's name, so a
+    -- restore maps it to the restored table).
+    relid         regclass NOT NULL,
     -- false (the default): a row naming a key the pool does not hold fails
     -- with AB002. true: such a row is accepted and protects the content if
     -- it is put later (see docs/design.md §4 for what that gives up).
@@ -175,4 +183,38 @@ CREATE TABLE alkblobs.files (
     PRIMARY KEY (pool, key)
 );
 
+-- A single-instance pool's GC state (see pools.mode): the in-process
+-- arbiter's staged candidates (visible_after NULL while its sweep is still
+-- marking) and persistent roots, durable across restarts of the instance.
+CREATE TABLE alkblobs.single_staged (
+    pool             integer NOT NULL REFERENCES alkblobs.pools (id),
+    key              bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    staged_at_ms     bigint NOT NULL,
+    visible_after_ms bigint,
+    PRIMARY KEY (pool, key)
+);
+CREATE TABLE alkblobs.single_roots (
+    pool integer NOT NULL REFERENCES alkblobs.pools (id),
+    key  bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    PRIMARY KEY (pool, key)
+);
+
 REVOKE ALL ON ALL TABLES IN SCHEMA alkblobs FROM PUBLIC;
+
+-- pg_dump dumps the rows of these tables (they are the pools), and the
+-- sequences behind their identity columns.
+-- (One call per statement: each updates the extension's row.)
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pools', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pools_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_grants', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.entries', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pins', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.liveness', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.staged', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.files', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_staged', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_roots', '');
+

@@ -6,7 +6,7 @@
 -- the pool filter already let through, so it cannot see other pools' rows.
 CREATE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
-       coalesce(o.rolname, p.owner::text) AS owner, p.created_at
+       coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -141,8 +141,13 @@ BEGIN
                 AND m.lomowner <> 'alkblobs_owner'::regrole LOOP
         EXECUTE format('ALTER LARGE OBJECT %s OWNER TO alkblobs_owner', o.oid);
     END LOOP;
+    -- ALWAYS: a role allowed to set session_replication_role must not
+    -- slip DDL past them.
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'alkblobs_liveness_ddl') THEN
-        EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_ddl ENABLE';
+        EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_ddl ENABLE ALWAYS';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'alkblobs_liveness_drop') THEN
+        EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_drop ENABLE ALWAYS';
     END IF;
 END $$;
 SELECT alkblobs.apply_policy();
@@ -156,10 +161,16 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_get(text, bytea),
     @extschema@.alkblobs_stat(text, bytea),
     @extschema@.alkblobs_lo_read(text, bytea, bigint, integer),
-    @extschema@.alkblobs_explain(text, bytea)
+    @extschema@.alkblobs_explain(text, bytea),
+    @extschema@.alkblobs_list(text, bytea, integer, text),
+    @extschema@.alkblobs_single_staged(text, bytea, integer, bigint),
+    @extschema@.alkblobs_single_roots(text, bytea, integer, bytea[])
   TO alkblobs_reader;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_put(text, bytea, bytea, text),
+    @extschema@.alkblobs_put_many(text, bytea[], bytea[], text),
+    @extschema@.alkblobs_single_unstage(text, bytea[]),
+    @extschema@.alkblobs_single_roots_set(text, bytea[], boolean),
     @extschema@.alkblobs_pin(text, bytea, text),
     @extschema@.alkblobs_pin_new(text, bytea, text),
     @extschema@.alkblobs_local_published(text, bytea[]),
@@ -174,11 +185,14 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_stage(text, bytea[]),
     @extschema@.alkblobs_claim_local(text, integer),
-    @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer)
+    @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer),
+    @extschema@.alkblobs_delete(text, bytea[]),
+    @extschema@.alkblobs_single_stage(text, bytea[], bigint),
+    @extschema@.alkblobs_single_seal(text, text, bigint)
   TO alkblobs_sweeper;
 GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer) TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
-    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint),
+    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean),
     @extschema@.alkblobs_alter_pool(text, interval, interval, bigint),
     @extschema@.alkblobs_register_liveness(text, regclass, boolean),
     @extschema@.alkblobs_unregister_liveness(text, regclass),

@@ -265,7 +265,8 @@ pub fn sqlstate_kind(code: &str) -> ErrorKind {
         "57P01" | "57P02" | "57P03" | "53300" => ErrorKind::Unavailable,
         c if c.starts_with("08") => ErrorKind::Unavailable,
         "AB002" => ErrorKind::Collected,
-        "AB001" | "42501" | "3F000" | "42883" => ErrorKind::Config,
+        "AB001" => ErrorKind::Corrupt,
+        "42501" | "3F000" | "42883" => ErrorKind::Config,
         "22P02" | "22023" | "22004" | "22003" => ErrorKind::InvalidInput,
         _ => ErrorKind::Engine,
     }

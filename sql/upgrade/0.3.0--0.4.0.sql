@@ -19,7 +19,11 @@
 --   liveness write for a key that is neither an entry nor a published file
 --   fails with AB002. Keys pinned or staged on the local tier at the upgrade
 --   are recorded as published files too. The `collected` table is gone;
--- * alkblobs_create_pool / alkblobs_alter_pool take max_object_bytes.
+-- * alkblobs_create_pool / alkblobs_alter_pool take max_object_bytes;
+-- * pools have a mode: 'fleet' (every existing pool) or 'single' (one store
+--   instance owns and sweeps it: alkblobs_create_pool(…, single_instance =>
+--   true)), with the engine functions alkblobs_list, alkblobs_put_many,
+--   alkblobs_delete and the single-instance arbiter's tables.
 
 -- Functions whose argument list or result changed, or that are gone.
 DROP FUNCTION alkblobs.check_sources(integer);
@@ -49,11 +53,46 @@ SELECT pn.pool, pn.key, true FROM alkblobs.pins pn JOIN alkblobs.pools p ON p.id
    AND NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = pn.pool AND e.key = pn.key)
 ON CONFLICT DO NOTHING;
 
+ALTER TABLE alkblobs.pools
+    ADD COLUMN mode text NOT NULL DEFAULT 'fleet' CONSTRAINT mode_known CHECK (mode IN ('fleet', 'single'));
+CREATE TABLE alkblobs.single_staged (
+    pool             integer NOT NULL REFERENCES alkblobs.pools (id),
+    key              bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    staged_at_ms     bigint NOT NULL,
+    visible_after_ms bigint,
+    PRIMARY KEY (pool, key)
+);
+CREATE TABLE alkblobs.single_roots (
+    pool integer NOT NULL REFERENCES alkblobs.pools (id),
+    key  bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    PRIMARY KEY (pool, key)
+);
+REVOKE ALL ON alkblobs.single_staged, alkblobs.single_roots FROM PUBLIC;
+
 ALTER TABLE alkblobs.liveness
     ADD COLUMN pending text CONSTRAINT pending_known CHECK (pending IN ('recheck', 'seed'));
 UPDATE alkblobs.liveness l
    SET pending = CASE WHEN p.large_tier = 'local' THEN 'seed' ELSE 'recheck' END
   FROM alkblobs.pools p WHERE p.id = l.pool AND NOT l.forward_refs;
+
+-- A registration names its table by regclass (pg_dump writes a name).
+ALTER TABLE alkblobs.liveness ALTER COLUMN relid TYPE regclass;
+
+-- pg_dump dumps the pools (new in 0.4.0).
+-- (One call per statement: each updates the extension's row.)
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pools', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pools_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_grants', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.entries', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pins', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.liveness', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.staged', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.files', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_staged', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_roots', '');
 
 -- Registered tables: the guard fires ALWAYS.
 DO $$

@@ -56,6 +56,30 @@ pub async fn pool(c: &Client, tag: &str, window: &str, ttl: &str) -> String {
     name
 }
 
+/// A fresh pool with a unique name, its large tier and mode given.
+pub async fn pool_with(
+    c: &Client,
+    tag: &str,
+    window: &str,
+    ttl: &str,
+    large: &str,
+    single_instance: bool,
+) -> String {
+    ensure_extension(c).await;
+    let name = format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    );
+    c.execute(
+        "SELECT alkblobs_create_pool($1, $2::text::interval, $3::text::interval, $4, single_instance => $5)",
+        &[&name, &window, &ttl, &large, &single_instance],
+    )
+    .await
+    .expect("create pool");
+    name
+}
+
 /// The key of `bytes`.
 pub fn key(bytes: &[u8]) -> Vec<u8> {
     blake3::hash(bytes).as_bytes().to_vec()

@@ -114,7 +114,7 @@ async fn errors_classify() {
         ("40001", ErrorKind::Conflict),
         ("08006", ErrorKind::Unavailable),
         ("AB002", ErrorKind::Collected),
-        ("AB001", ErrorKind::Config),
+        ("AB001", ErrorKind::Corrupt),
         ("42501", ErrorKind::Config),
         ("22004", ErrorKind::InvalidInput),
         ("XX000", ErrorKind::Engine),

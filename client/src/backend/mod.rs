@@ -22,6 +22,8 @@ use crate::{Key, Result};
 
 pub mod local;
 pub mod mem;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod sqlite;
 
 mod lockfile;

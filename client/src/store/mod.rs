@@ -25,6 +25,8 @@ use crate::{Error, Result};
 mod builder;
 mod dispatch;
 mod gc;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod presets;
 mod put;
 mod read;

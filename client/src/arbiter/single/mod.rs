@@ -20,12 +20,16 @@ use super::{Arbiter, GcUsage, LivenessSource, PinGuard, Pool, Scope, SweepOption
 use crate::store::Tier;
 use crate::{Error, Key, Result};
 
+#[cfg(feature = "postgres")]
+mod pg_tables;
 mod pins;
 mod sources;
 mod sqlite_tables;
 mod sweep;
 mod tables;
 
+#[cfg(feature = "postgres")]
+pub use pg_tables::PgGcTables;
 pub use sources::ROOTS_SOURCE;
 pub use sqlite_tables::SqliteTables;
 pub use tables::{GcTables, MemGcTables, StagedRow};

@@ -1,0 +1,131 @@
+//! The single-instance PostgreSQL preset (REQ-3, feature `postgres`): one
+//! store instance owns a pool in a PostgreSQL database and collects it with
+//! the single-node arbiter, whose staged rows and roots are durable rows in
+//! the extension's tables. Fleet pools (many instances) need the fleet
+//! arbiter instead; this preset refuses them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{DEFAULT_THRESHOLD, Store};
+use crate::arbiter::single::{PgGcTables, SingleNodeArbiter};
+use crate::backend::local::{LocalBackend, LocalOptions};
+use crate::backend::postgres::{PgLoBackend, PgOptions, PgPool, PostgresBackend};
+use crate::{Error, Result};
+
+/// Where the large tier of a single-instance PostgreSQL store lives. It
+/// must match the pool's own declaration (`alkblobs_pools.large_tier`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PgLarge {
+    /// Whatever the pool declares: `pg-lo`, or `none` (kv-only); a pool
+    /// that declares `local` needs [`PgLarge::Local`] for the directory.
+    FromPool,
+    /// Large objects in the same database.
+    PgLo,
+    /// Files under this directory.
+    Local(PathBuf),
+    /// No large tier: puts over the threshold are refused.
+    None,
+}
+
+/// Options for [`Store::open_postgres`]: a builder.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PostgresOptions {
+    /// The connection and the pool.
+    pub pg: PgOptions,
+    /// The large tier.
+    pub large: PgLarge,
+    /// The kv threshold.
+    pub threshold: u64,
+}
+
+impl PostgresOptions {
+    /// Pool `pool` in the database at `url`, its large tier as the pool
+    /// declares it, the default threshold.
+    pub fn new(url: impl Into<String>, pool: impl Into<String>) -> PostgresOptions {
+        PostgresOptions {
+            pg: PgOptions::new(url, pool),
+            large: PgLarge::FromPool,
+            threshold: DEFAULT_THRESHOLD,
+        }
+    }
+
+    /// The large tier.
+    pub fn large(mut self, large: PgLarge) -> Self {
+        self.large = large;
+        self
+    }
+
+    /// The kv threshold.
+    pub fn threshold(mut self, bytes: u64) -> Self {
+        self.threshold = bytes;
+        self
+    }
+
+    /// Connections kept open.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.pg = self.pg.max_connections(n);
+        self
+    }
+}
+
+impl Store {
+    /// Opens a single-instance pool in PostgreSQL (REQ-3): the `postgres`
+    /// kv engine, the large tier the pool declares, and the single-node
+    /// arbiter with its staged rows and roots durable in the database. The
+    /// delete window is the pool's (`alkblobs_pools.delete_window`), never
+    /// a client default.
+    ///
+    /// Fails with [`Error::Config`] if the database lacks the extension or
+    /// speaks another version of it, if the pool does not exist or the role
+    /// may not use it, if the pool is a fleet pool (many instances: the
+    /// fleet arbiter, not an in-process one, may sweep it), or if the large
+    /// tier asked for is not the one the pool declares.
+    pub async fn open_postgres(opts: PostgresOptions) -> Result<Store> {
+        let (pg, info) = PgPool::connect(&opts.pg).await?;
+        if info.mode != "single" {
+            return Err(Error::Config(format!(
+                "pool {:?} is a fleet pool: several instances may use it, so an in-process arbiter must not sweep it; use a single-instance pool (alkblobs_create_pool(…, single_instance => true)) for one instance",
+                info.name
+            )));
+        }
+        let tables = Arc::new(PgGcTables::new(pg.clone()));
+        let arbiter = Arc::new(SingleNodeArbiter::with_tables(tables, info.delete_window));
+        let builder = Store::builder()
+            .kv(PostgresBackend::new(pg.clone()))
+            .arbiter(arbiter)
+            .threshold(opts.threshold)
+            .single_instance();
+        let mismatch = |asked: &str| {
+            Error::Config(format!(
+                "pool {:?} keeps large content in tier {:?}, not {asked}; open it with that large tier",
+                info.name, info.large_tier
+            ))
+        };
+        let builder = match (&opts.large, info.large_tier.as_str()) {
+            (PgLarge::FromPool | PgLarge::PgLo, "pg-lo") => builder.large(PgLoBackend::new(pg)),
+            (PgLarge::FromPool | PgLarge::None, "none") => builder.kv_only(),
+            (PgLarge::Local(dir), "local") => {
+                builder.large(LocalBackend::open(dir, LocalOptions::default()).await?)
+            }
+            (PgLarge::FromPool, "local") => {
+                return Err(Error::Config(format!(
+                    "pool {:?} keeps large content in files on a local tier: give its directory (PgLarge::Local)",
+                    info.name
+                )));
+            }
+            (PgLarge::PgLo, _) => return Err(mismatch("pg-lo")),
+            (PgLarge::None, _) => return Err(mismatch("none")),
+            (PgLarge::Local(_), _) => return Err(mismatch("local")),
+            (PgLarge::FromPool, other) => {
+                return Err(Error::Config(format!(
+                    "pool {:?} declares an unknown large tier {other:?}",
+                    info.name
+                )));
+            }
+        };
+        builder.build()
+    }
+}

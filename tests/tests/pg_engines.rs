@@ -1,0 +1,135 @@
+//! The conformance suites over the PostgreSQL engines and single-instance
+//! PostgreSQL stores (issue 9), against the server the test script starts
+//! (`ALKBLOBS_PG_URL`; without it the tests fail, they never skip). Every
+//! case gets a pool of its own.
+
+use alkblobs::backend::postgres::{PgLoBackend, PgOptions, PgPool, PostgresBackend};
+use alkblobs::conformance::backend::Caps;
+use alkblobs::conformance::store::Config;
+use alkblobs::store::postgres::{PgLarge, PostgresOptions};
+use alkblobs::{Error, Store, backend_suite, large_backend_suite, store_suite};
+use alkblobs_tests::pg::{connect, url};
+
+const KV: Caps = Caps {
+    max_value: 65_537,
+    list_keys: 100_000,
+};
+// Each large-object put is a transaction of a few round trips.
+const LARGE: Caps = Caps {
+    max_value: 8 << 20,
+    list_keys: 2_000,
+};
+const MIB: usize = 1 << 20;
+const TIERED: Config = Config {
+    kv_only: false,
+    big: 100 * MIB,
+    list_keys: 20_000,
+};
+const KV_ONLY: Config = Config {
+    kv_only: true,
+    big: 0,
+    list_keys: 20_000,
+};
+
+/// A fresh single-instance pool whose large tier is `large`.
+async fn single_pool(tag: &str, large: &str) -> String {
+    let c = connect().await;
+    let name = alkblobs_tests::pg::pool_with(&c, tag, "0 seconds", "60 seconds", large, true).await;
+    name
+}
+
+async fn engines(tag: &str, large: &str) -> PgPool {
+    let pool = single_pool(tag, large).await;
+    PgPool::connect(&PgOptions::new(url(), pool))
+        .await
+        .expect("connect")
+        .0
+}
+
+backend_suite!(postgres_kv, KV, async {
+    (PostgresBackend::new(engines("eng-kv", "pg-lo").await), ())
+});
+
+large_backend_suite!(pg_lo, LARGE, async {
+    (PgLoBackend::new(engines("eng-lo", "pg-lo").await), ())
+});
+
+store_suite!(single_pg_lo, TIERED, async {
+    let pool = single_pool("st-lo", "pg-lo").await;
+    (
+        Store::open_postgres(PostgresOptions::new(url(), pool))
+            .await
+            .unwrap(),
+        (),
+    )
+});
+
+store_suite!(single_kv_only, KV_ONLY, async {
+    let pool = single_pool("st-none", "none").await;
+    (
+        Store::open_postgres(PostgresOptions::new(url(), pool))
+            .await
+            .unwrap(),
+        (),
+    )
+});
+
+store_suite!(single_local, TIERED, async {
+    let pool = single_pool("st-local", "local").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open_postgres(
+        PostgresOptions::new(url(), pool).large(PgLarge::Local(dir.path().join("large"))),
+    )
+    .await
+    .unwrap();
+    (s, dir)
+});
+
+/// The preset refuses what it must: a fleet pool (an in-process arbiter
+/// must not sweep a pool other instances use), a large tier other than the
+/// pool's, a pool that does not exist, a database without the extension.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_preset_refuses_what_would_be_unsafe_or_wrong() {
+    let c = connect().await;
+    let fleet = alkblobs_tests::pg::pool(&c, "fleet", "0 seconds", "60 seconds").await;
+    let e = Store::open_postgres(PostgresOptions::new(url(), &fleet))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Config(ref m) if m.contains("fleet pool")),
+        "{e}"
+    );
+    let lo = single_pool("wrong-large", "pg-lo").await;
+    let e = Store::open_postgres(PostgresOptions::new(url(), &lo).large(PgLarge::None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Config(ref m) if m.contains("not none")),
+        "{e}"
+    );
+    let e = Store::open_postgres(PostgresOptions::new(url(), "no-such-pool"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Config(ref m) if m.contains("alkblobs_create_pool")),
+        "{e}"
+    );
+    let db = format!("alkblobs_noext_{}", std::process::id());
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
+        .await
+        .unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    let base = url().rsplit_once('/').map(|(b, _)| b.to_owned()).unwrap();
+    let e = Store::open_postgres(PostgresOptions::new(format!("{base}/{db}"), "p"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Config(ref m) if m.contains("CREATE EXTENSION alkblobs")),
+        "{e}"
+    );
+    c.batch_execute(&format!("DROP DATABASE {db}"))
+        .await
+        .unwrap();
+}
