@@ -7,7 +7,7 @@ use alkblobs::backend::postgres::{PgLoBackend, PgOptions, PgPool, PostgresBacken
 use alkblobs::conformance::backend::Caps;
 use alkblobs::conformance::store::Config;
 use alkblobs::store::postgres::{PgLarge, PostgresOptions};
-use alkblobs::{Error, Store, backend_suite, large_backend_suite, store_suite};
+use alkblobs::{Error, Store, arbiter_suite, backend_suite, large_backend_suite, store_suite};
 use alkblobs_tests::pg::{connect, url};
 
 const KV: Caps = Caps {
@@ -132,4 +132,66 @@ async fn the_preset_refuses_what_would_be_unsafe_or_wrong() {
     c.batch_execute(&format!("DROP DATABASE {db}"))
         .await
         .unwrap();
+}
+
+arbiter_suite!(single_pg_lo_arbiter, async {
+    let pool = single_pool("arb-lo", "pg-lo").await;
+    (
+        Store::open_postgres(PostgresOptions::new(url(), pool).threshold(1024))
+            .await
+            .unwrap(),
+        (),
+    )
+});
+
+arbiter_suite!(single_kv_only_arbiter, async {
+    let pool = single_pool("arb-none", "none").await;
+    (
+        Store::open_postgres(PostgresOptions::new(url(), pool))
+            .await
+            .unwrap(),
+        (),
+    )
+});
+
+/// A single-instance pool's staged rows are durable: a store reopened
+/// after a sweep staged candidates (its process gone) sees them and
+/// deletes them when due; and the extension's own sweep refuses the pool,
+/// since only the owning instance knows its pins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_rows_survive_a_restart_and_the_extension_keeps_out() {
+    let c = connect().await;
+    let pool =
+        alkblobs_tests::pg::pool_with(&c, "durable", "2 seconds", "60 seconds", "pg-lo", true)
+            .await;
+    let store = Store::open_postgres(PostgresOptions::new(url(), &pool).threshold(1024))
+        .await
+        .unwrap();
+    let small = store.put(b"small and dead".to_vec()).await.unwrap();
+    let big = store.put(vec![7u8; 5000]).await.unwrap();
+    drop((small.pin, big.pin));
+    let report = store.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+    assert_eq!(report.staged, 2, "{report:?}");
+    store.close().await.unwrap();
+    drop(store);
+
+    let row = c
+        .query_one("SELECT aborted FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, Option<String>>(0).as_deref(),
+        Some("single_instance_pool")
+    );
+
+    let store = Store::open_postgres(PostgresOptions::new(url(), &pool).threshold(1024))
+        .await
+        .unwrap();
+    let staged = store.staged(None, 100).await.unwrap();
+    assert_eq!(staged.len(), 2, "staged rows lost with the process");
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let report = store.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+    assert_eq!(report.deleted, 2, "{report:?}");
+    assert!(!store.has(&small.key).await.unwrap());
+    assert!(!store.has(&big.key).await.unwrap());
 }
