@@ -31,10 +31,11 @@ python3 scripts/gen-upgrade.py "$from" "$version" --check
 step "cargo clippy (workspace, then the extension)"
 cargo clippy --all-targets -- -D warnings
 cargo clippy -p alkblobs-pg -- -D warnings
+cargo clippy -p alkblobs --features postgres,conformance --all-targets -- -D warnings
 cargo clippy -p alkblobs-tests --features pg --tests -- -D warnings
 
 step "cargo doc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core --features alkblobs/conformance
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core --features alkblobs/conformance,alkblobs/postgres
 
 step "workspace tests"
 cargo test --workspace --exclude alkblobs-pg

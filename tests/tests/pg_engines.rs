@@ -34,8 +34,7 @@ const KV_ONLY: Config = Config {
 /// A fresh single-instance pool whose large tier is `large`.
 async fn single_pool(tag: &str, large: &str) -> String {
     let c = connect().await;
-    let name = alkblobs_tests::pg::pool_with(&c, tag, "0 seconds", "60 seconds", large, true).await;
-    name
+    alkblobs_tests::pg::pool_with(&c, tag, "0 seconds", "60 seconds", large, true).await
 }
 
 async fn engines(tag: &str, large: &str) -> PgPool {
