@@ -409,7 +409,10 @@ async fn dropping_a_liveness_table_waits_for_the_sweep_and_then_unregisters_it()
     assert_eq!(sweep(&s, &pool).await, (0, 0, None));
     let d_pid = pid(&d).await;
     let t2 = table.clone();
-    let dropper = tokio::spawn(async move { d.batch_execute(&format!("DROP TABLE {t2}")).await });
+    // CASCADE: the extension reads a registered table through a view of
+    // its own (alkblobs.src_<oid>), which goes with it.
+    let dropper =
+        tokio::spawn(async move { d.batch_execute(&format!("DROP TABLE {t2} CASCADE")).await });
     assert!(
         waits_on_lock(&obs, d_pid).await,
         "DROP TABLE did not wait for the sweep"
