@@ -6,9 +6,10 @@
 #   3. the workspace suite: conformance over every engine and store
 #      configuration, bad input, crash and GC race tests, the CLI;
 #   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
-#      runs the golden SQL tests (scripts/regress.sh) and the PostgreSQL race
-#      and protocol suites and the hardening suite (issue 8) over real
-#      connections, and stops the cluster.
+#      runs the golden SQL tests (scripts/regress.sh), the PostgreSQL race,
+#      protocol, hardening and audit suites and the engine conformance
+#      suites over real connections, then the engine suites again through a
+#      transaction-mode pgbouncer (scripts/pgbouncer.sh), and stops both.
 # Exits non-zero if anything fails. A PostgreSQL test that cannot reach its
 # server fails; none skips.
 set -euo pipefail
@@ -50,7 +51,12 @@ echo "extension created in $url"
 step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
-step "PostgreSQL race, protocol and hardening suites"
+step "PostgreSQL race, protocol, hardening and engine suites"
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines
+
+step "the engine and store conformance suites through a transaction-mode pgbouncer"
+trap 'scripts/pgbouncer.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+bouncer=$(scripts/pgbouncer.sh start)
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_STORE_URL="$bouncer" cargo test -p alkblobs-tests --features pg --test pg_engines -- postgres_kv pg_lo single_
 
 step "all tests passed"

@@ -10,6 +10,13 @@ use alkblobs::store::postgres::{PgLarge, PostgresOptions};
 use alkblobs::{Error, Store, arbiter_suite, backend_suite, large_backend_suite, store_suite};
 use alkblobs_tests::pg::{connect, url};
 
+/// Where the engines connect: `ALKBLOBS_PG_STORE_URL` (e.g. a
+/// transaction-mode pgbouncer in front of the server) or the server itself.
+/// Pools are created and inspected directly on the server either way.
+fn store_url() -> String {
+    std::env::var("ALKBLOBS_PG_STORE_URL").unwrap_or_else(|_| url())
+}
+
 const KV: Caps = Caps {
     max_value: 65_537,
     list_keys: 100_000,
@@ -39,7 +46,7 @@ async fn single_pool(tag: &str, large: &str) -> String {
 
 async fn engines(tag: &str, large: &str) -> PgPool {
     let pool = single_pool(tag, large).await;
-    PgPool::connect(&PgOptions::new(url(), pool))
+    PgPool::connect(&PgOptions::new(store_url(), pool))
         .await
         .expect("connect")
         .0
@@ -56,7 +63,7 @@ large_backend_suite!(pg_lo, LARGE, async {
 store_suite!(single_pg_lo, TIERED, async {
     let pool = single_pool("st-lo", "pg-lo").await;
     (
-        Store::open_postgres(PostgresOptions::new(url(), pool))
+        Store::open_postgres(PostgresOptions::new(store_url(), pool))
             .await
             .unwrap(),
         (),
@@ -66,7 +73,7 @@ store_suite!(single_pg_lo, TIERED, async {
 store_suite!(single_kv_only, KV_ONLY, async {
     let pool = single_pool("st-none", "none").await;
     (
-        Store::open_postgres(PostgresOptions::new(url(), pool))
+        Store::open_postgres(PostgresOptions::new(store_url(), pool))
             .await
             .unwrap(),
         (),
@@ -77,7 +84,7 @@ store_suite!(single_local, TIERED, async {
     let pool = single_pool("st-local", "local").await;
     let dir = tempfile::tempdir().unwrap();
     let s = Store::open_postgres(
-        PostgresOptions::new(url(), pool).large(PgLarge::Local(dir.path().join("large"))),
+        PostgresOptions::new(store_url(), pool).large(PgLarge::Local(dir.path().join("large"))),
     )
     .await
     .unwrap();
@@ -136,7 +143,7 @@ async fn the_preset_refuses_what_would_be_unsafe_or_wrong() {
 arbiter_suite!(single_pg_lo_arbiter, async {
     let pool = single_pool("arb-lo", "pg-lo").await;
     (
-        Store::open_postgres(PostgresOptions::new(url(), pool).threshold(1024))
+        Store::open_postgres(PostgresOptions::new(store_url(), pool).threshold(1024))
             .await
             .unwrap(),
         (),
@@ -146,7 +153,7 @@ arbiter_suite!(single_pg_lo_arbiter, async {
 arbiter_suite!(single_kv_only_arbiter, async {
     let pool = single_pool("arb-none", "none").await;
     (
-        Store::open_postgres(PostgresOptions::new(url(), pool))
+        Store::open_postgres(PostgresOptions::new(store_url(), pool))
             .await
             .unwrap(),
         (),
@@ -193,4 +200,96 @@ async fn staged_rows_survive_a_restart_and_the_extension_keeps_out() {
     assert_eq!(report.deleted, 2, "{report:?}");
     assert!(!store.has(&small.key).await.unwrap());
     assert!(!store.has(&big.key).await.unwrap());
+}
+
+/// Terminates every server connection of `app` (an application_name).
+async fn kill_app(c: &tokio_postgres::Client, app: &str) {
+    c.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        &[&app],
+    )
+    .await
+    .unwrap();
+}
+
+/// Connections dropped under a store (the server terminates them, as a
+/// restart or a network fault would): an operation in flight fails with a
+/// retryable error and leaves nothing torn; the pool reconnects and the
+/// store carries on with everything it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropped_connections_fail_retryably_and_the_pool_reconnects() {
+    let c = connect().await;
+    let pool = single_pool("drop-conn", "pg-lo").await;
+    let app = format!("alkb_drop_{}", std::process::id());
+    let sep = if url().contains('?') { '&' } else { '?' };
+    let store_url = format!("{}{sep}application_name={app}", url());
+    let store = Store::open_postgres(PostgresOptions::new(&store_url, &pool).threshold(1024))
+        .await
+        .unwrap();
+    let kept = store.put(vec![1u8; 4096]).await.unwrap();
+    store.add_roots(&[kept.key]).await.unwrap();
+    // A big streaming put, its connection killed while it writes.
+    let big: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8).collect();
+    let big_key = alkblobs::Key::of(&big);
+    let writer = {
+        let store = store.clone();
+        let big = big.clone();
+        tokio::spawn(async move { store.put_reader(std::io::Cursor::new(big)).await })
+    };
+    // Wait until the upload is in progress, then cut it off.
+    let mut seen = false;
+    for _ in 0..500 {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE '%alkblobs_lo_write%'",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(seen, "the upload never started");
+    kill_app(&c, &app).await;
+    let err = writer
+        .await
+        .unwrap()
+        .expect_err("a put whose connection died succeeded");
+    assert!(err.is_retryable(), "not retryable: {err}");
+    assert!(
+        !store.has(&big_key).await.unwrap(),
+        "a torn entry is visible"
+    );
+    // Idle pooled connections killed too: the store reconnects.
+    kill_app(&c, &app).await;
+    let mut ok = None;
+    for _ in 0..5 {
+        match store.get(&kept.key).await {
+            Ok(v) => {
+                ok = v;
+                break;
+            }
+            Err(e) => assert!(e.is_retryable(), "not retryable: {e}"),
+        }
+    }
+    assert_eq!(ok.as_deref(), Some(&[1u8; 4096][..]), "lost the kept blob");
+    let again = store.put_reader(std::io::Cursor::new(big)).await.unwrap();
+    assert_eq!(again.key, big_key);
+    assert!(store.has(&big_key).await.unwrap());
+    // No large object was left behind by the killed upload.
+    let orphans: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_largeobject_metadata m
+              WHERE NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.loid = m.oid)
+                AND NOT EXISTS (SELECT 1 FROM alkblobs.uploads u WHERE u.loid = m.oid)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(orphans, 0, "the killed upload left a large object");
 }
