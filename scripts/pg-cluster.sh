@@ -3,6 +3,9 @@
 #   scripts/pg-cluster.sh start   initdb (if needed) + start; prints the URL
 #   scripts/pg-cluster.sh stop    stop and delete it
 #   scripts/pg-cluster.sh url     print the connection URL
+#   scripts/pg-cluster.sh ca      print the CA certificate that signed the
+#                                 server's (TLS is on: sslmode=verify-full
+#                                 with sslrootcert=<that file> works)
 # PostgreSQL refuses to run as root, so as root the cluster belongs to the
 # `postgres` user. It listens on 127.0.0.1:$ALKBLOBS_PG_PORT (default 54329)
 # and a private socket directory, with trust auth on loopback only.
@@ -26,7 +29,28 @@ start)
     if [ ! -f "$data/PG_VERSION" ]; then
         as_pg "$bindir/initdb" -D "$data" -U postgres --auth=trust --no-sync -E UTF8 --locale=C >/dev/null
         as_pg mkdir -p "$sock"
+        # TLS: a throwaway CA and a server certificate for localhost and
+        # 127.0.0.1 signed by it (clients verify with sslrootcert=$base/tls/ca.crt),
+        # and an unrelated CA (other-ca.crt) that must not verify it.
+        tls="$base/tls"
+        mkdir -p "$tls"
+        (
+            cd "$tls"
+            openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=alkblobs test CA" \
+                -keyout ca.key -out ca.crt 2>/dev/null
+            openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=another CA" \
+                -keyout other-ca.key -out other-ca.crt 2>/dev/null
+            openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr 2>/dev/null
+            printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > san.cnf
+            openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
+                -extfile san.cnf -out server.crt 2>/dev/null
+            chmod 600 server.key
+        )
+        [ "$(id -u)" = 0 ] && chown -R postgres:postgres "$tls"
         cat >> "$data/postgresql.conf" <<CONF
+ssl = on
+ssl_cert_file = '$tls/server.crt'
+ssl_key_file = '$tls/server.key'
 listen_addresses = '127.0.0.1'
 port = $port
 unix_socket_directories = '$sock'
@@ -58,8 +82,11 @@ stop)
 url)
     echo "$url"
     ;;
+ca)
+    echo "$base/tls/ca.crt"
+    ;;
 *)
-    echo "usage: $0 start|stop|url" >&2
+    echo "usage: $0 start|stop|url|ca" >&2
     exit 2
     ;;
 esac

@@ -40,6 +40,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core -
 
 step "workspace tests"
 cargo test --workspace --exclude alkblobs-pg
+cargo test -p alkblobs --features postgres --lib
 
 step "starting a private PostgreSQL cluster"
 scripts/pg-cluster.sh stop >/dev/null 2>&1 || true
@@ -52,7 +53,7 @@ step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
 step "PostgreSQL race, protocol, hardening and engine suites"
-ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"
 trap 'scripts/pgbouncer.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT

@@ -293,3 +293,77 @@ async fn dropped_connections_fail_retryably_and_the_pool_reconnects() {
         .get(0);
     assert_eq!(orphans, 0, "the killed upload left a large object");
 }
+
+/// TLS with libpq's sslmode meanings: `verify-full` against the CA that
+/// signed the server's certificate works (by name and by address, both in
+/// the certificate) and really encrypts; a CA that did not sign it is
+/// refused with a configuration error naming sslmode; `require` encrypts
+/// without verifying; `disable` does not encrypt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_follows_sslmode() {
+    let c = connect().await;
+    let pool = single_pool("tls", "pg-lo").await;
+    let ca = std::env::var("ALKBLOBS_PG_CA").unwrap_or_else(|_| {
+        format!(
+            "/tmp/alkblobs-pg-{}/tls/ca.crt",
+            std::env::var("ALKBLOBS_PG_PORT").unwrap_or_else(|_| "54329".into())
+        )
+    });
+    let other = ca.replace("ca.crt", "other-ca.crt");
+    let base = url();
+    let by_name = base.replacen("127.0.0.1", "localhost", 1);
+    let app = format!("alkb_tls_{}", std::process::id());
+    let encrypted = |app: String| {
+        let c = &c;
+        async move {
+            let rows = c
+                .query(
+                    "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a ON a.pid = s.pid
+                      WHERE a.application_name = $1",
+                    &[&app],
+                )
+                .await
+                .unwrap();
+            assert!(!rows.is_empty(), "no connection of {app}");
+            rows.iter().all(|r| r.get::<_, bool>(0))
+        }
+    };
+    for (i, (u, mode)) in [
+        (&by_name, format!("sslmode=verify-full&sslrootcert={ca}")),
+        (&base, format!("sslmode=verify-full&sslrootcert={ca}")),
+        (&base, "sslmode=require".to_string()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let a = format!("{app}_{i}");
+        let store = Store::open_postgres(PostgresOptions::new(
+            format!("{u}?{mode}&application_name={a}"),
+            &pool,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{mode}: {e}"));
+        store.put(b"over TLS".to_vec()).await.unwrap();
+        assert!(encrypted(a.clone()).await, "{mode}: not encrypted");
+        store.close().await.unwrap();
+    }
+    let a = format!("{app}_plain");
+    let store = Store::open_postgres(PostgresOptions::new(
+        format!("{base}?sslmode=disable&application_name={a}"),
+        &pool,
+    ))
+    .await
+    .unwrap();
+    assert!(!encrypted(a).await, "sslmode=disable encrypted");
+    store.close().await.unwrap();
+    let e = Store::open_postgres(PostgresOptions::new(
+        format!("{by_name}?sslmode=verify-full&sslrootcert={other}"),
+        &pool,
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(e, Error::Config(ref m) if m.contains("sslmode")),
+        "{e}"
+    );
+}

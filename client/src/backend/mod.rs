@@ -23,6 +23,8 @@ use crate::{Key, Result};
 pub mod local;
 pub mod mem;
 #[cfg(feature = "postgres")]
+mod pg_tls;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sqlite;
 

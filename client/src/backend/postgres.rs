@@ -24,8 +24,8 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use futures::StreamExt;
+use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{NoTls, Row};
 
 use super::{Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite};
 use crate::{Error, Key, Result};
@@ -48,6 +48,10 @@ const BATCH_BYTES: usize = 16 << 20;
 #[non_exhaustive]
 pub struct PgOptions {
     /// A libpq-style URL or key=value string (`postgresql://user@host/db`).
+    /// `sslmode` has libpq's meanings (`disable`, `allow`, `prefer` — the
+    /// default —, `require`, `verify-ca`, `verify-full`) and `sslrootcert`
+    /// names a PEM file of roots (else the system's are used for the
+    /// verifying modes); TLS is rustls.
     pub url: String,
     /// The pool's name (`alkblobs_create_pool`).
     pub pool: String,
@@ -121,7 +125,18 @@ fn db_err(engine: &(dyn fmt::Display + Sync), key: Option<Key>, e: tokio_postgre
     if let Some(code) = e.code().map(|c| c.code().to_owned()) {
         return Error::from_sqlstate(engine, &code, key, e);
     }
-    if e.is_closed() || e.to_string().contains("connection") {
+    let text = e.to_string();
+    if text.contains("TLS") || text.contains("ssl") {
+        // A certificate that does not verify, or a server without TLS when
+        // it is required: configuration, not a passing fault.
+        return Error::Config(format!(
+            "{engine}: {text}: {}; check sslmode and sslrootcert in the URL",
+            std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        ));
+    }
+    if e.is_closed() || text.contains("connection") {
         return Error::Unavailable {
             engine: engine.to_string(),
             source: e.into(),
@@ -151,10 +166,13 @@ impl PgPool {
     /// extension at the version this client speaks and that `opts.pool`
     /// exists and is readable by the connecting role.
     pub async fn connect(opts: &PgOptions) -> Result<(PgPool, PoolInfo)> {
-        let cfg: tokio_postgres::Config = opts
+        let tls = super::pg_tls::split(&opts.url)?;
+        let mut cfg: tokio_postgres::Config = tls
             .url
             .parse()
             .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?;
+        cfg.ssl_mode(super::pg_tls::driver_mode(tls.mode));
+        let connector = super::pg_tls::connector(&tls)?;
         let host = cfg
             .get_hosts()
             .first()
@@ -172,7 +190,7 @@ impl PgPool {
         let display = format!("{}@{host}:{port}/{db}", opts.pool);
         let mgr = Manager::from_config(
             cfg,
-            NoTls,
+            connector,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
