@@ -343,7 +343,8 @@ async fn tls_follows_sslmode() {
         ))
         .await
         .unwrap_or_else(|e| panic!("{mode}: {e}"));
-        store.put(b"over TLS".to_vec()).await.unwrap();
+        let put = store.put(b"over TLS".to_vec()).await.unwrap();
+        assert!(store.has(&put.key).await.unwrap());
         assert!(encrypted(a.clone()).await, "{mode}: not encrypted");
         store.close().await.unwrap();
     }
