@@ -32,7 +32,7 @@ python3 scripts/gen-upgrade.py "$from" "$version" --check
 step "cargo clippy (workspace, then the extension)"
 cargo clippy --all-targets -- -D warnings
 cargo clippy -p alkblobs-pg -- -D warnings
-cargo clippy -p alkblobs --features postgres,conformance --all-targets -- -D warnings
+cargo clippy -p alkblobs --features postgres,conformance,pg-tests --all-targets -- -D warnings
 cargo clippy -p alkblobs-tests --features pg --tests -- -D warnings
 
 step "cargo doc (warnings denied)"
@@ -54,6 +54,7 @@ scripts/regress.sh
 
 step "PostgreSQL race, protocol, hardening and engine suites"
 ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines
+ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_pg
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"
 trap 'scripts/pgbouncer.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT

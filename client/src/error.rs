@@ -67,6 +67,16 @@ pub enum Error {
         /// The blob's length.
         size: u64,
     },
+    /// A PostgreSQL pool that does not exist, or that the role may not read.
+    #[error(
+        "{at}: no pool {pool:?} that this role may read; create it (alkblobs pool create {pool}, or SELECT alkblobs_create_pool('{pool}', …)) or have its admin grant access (alkblobs_grant_pool)"
+    )]
+    NoPool {
+        /// The pool's name.
+        pool: String,
+        /// Where it was looked for (`pool@host:port/db`).
+        at: String,
+    },
     /// The store was configured in a way that cannot work.
     #[error("configuration error: {0}")]
     Config(String),
@@ -220,7 +230,7 @@ impl Error {
     /// The error's class.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::NotFound { .. } => ErrorKind::NotFound,
+            Error::NotFound { .. } | Error::NoPool { .. } => ErrorKind::NotFound,
             Error::HashMismatch { .. } | Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::TooLarge { .. } => ErrorKind::TooLarge,
             Error::InvalidKey(_) | Error::InvalidRange { .. } | Error::Input { .. } => {

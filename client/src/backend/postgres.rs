@@ -156,6 +156,67 @@ fn pool_err(engine: &(dyn fmt::Display + Sync), e: deadpool_postgres::PoolError)
     }
 }
 
+fn pool_info(row: &Row) -> PoolInfo {
+    PoolInfo {
+        name: row.get(0),
+        mode: row.get(1),
+        large_tier: row.get(2),
+        delete_window: interval_secs(row.get::<_, String>(3).as_str()),
+        pin_ttl: interval_secs(row.get::<_, String>(4).as_str()),
+    }
+}
+
+/// A duration as an interval literal PostgreSQL parses exactly.
+fn secs_text(d: Duration) -> String {
+    format!("{}.{:06} seconds", d.as_secs(), d.subsec_micros())
+}
+
+/// Settings of a new pool ([`PgPool::create_pool`]); `None` takes the
+/// extension's defaults (5 minutes, 60 seconds, `pg-lo`).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct PoolSettings {
+    /// The delete window.
+    pub delete_window: Option<Duration>,
+    /// The pin TTL.
+    pub pin_ttl: Option<Duration>,
+    /// `pg-lo`, `local` or `none`.
+    pub large_tier: Option<String>,
+    /// One instance owns the pool (its in-process arbiter sweeps it).
+    pub single_instance: bool,
+}
+
+impl PoolSettings {
+    /// The defaults.
+    pub fn new() -> PoolSettings {
+        PoolSettings::default()
+    }
+
+    /// The delete window.
+    pub fn delete_window(mut self, d: Duration) -> Self {
+        self.delete_window = Some(d);
+        self
+    }
+
+    /// The pin TTL.
+    pub fn pin_ttl(mut self, d: Duration) -> Self {
+        self.pin_ttl = Some(d);
+        self
+    }
+
+    /// The large tier.
+    pub fn large_tier(mut self, tier: impl Into<String>) -> Self {
+        self.large_tier = Some(tier.into());
+        self
+    }
+
+    /// A single-instance pool.
+    pub fn single_instance(mut self, yes: bool) -> Self {
+        self.single_instance = yes;
+        self
+    }
+}
+
 fn interval_secs(text: &str) -> Duration {
     // `alkblobs_pools` intervals as text with extract(epoch): seconds.
     Duration::from_secs_f64(text.parse::<f64>().unwrap_or(0.0).max(0.0))
@@ -166,6 +227,20 @@ impl PgPool {
     /// extension at the version this client speaks and that `opts.pool`
     /// exists and is readable by the connecting role.
     pub async fn connect(opts: &PgOptions) -> Result<(PgPool, PoolInfo)> {
+        let pg = PgPool::open(opts).await?;
+        let info = pg.check().await?;
+        Ok((pg, info))
+    }
+
+    /// Connects without looking for a pool (for administration): checks
+    /// only that the database has the extension at this client's version.
+    pub async fn connect_db(url: &str) -> Result<PgPool> {
+        let pg = PgPool::open(&PgOptions::new(url, "")).await?;
+        pg.check_extension(&*pg.conn().await?).await?;
+        Ok(pg)
+    }
+
+    async fn open(opts: &PgOptions) -> Result<PgPool> {
         let tls = super::pg_tls::split(&opts.url)?;
         let mut cfg: tokio_postgres::Config = tls
             .url
@@ -199,19 +274,16 @@ impl PgPool {
             .max_size(opts.max_connections)
             .build()
             .map_err(|e| Error::Config(format!("cannot build a connection pool: {e}")))?;
-        let pg = PgPool {
+        Ok(PgPool {
             inner: Arc::new(PgInner {
                 pool,
                 name: opts.pool.clone(),
                 display,
             }),
-        };
-        let info = pg.check().await?;
-        Ok((pg, info))
+        })
     }
 
-    async fn check(&self) -> Result<PoolInfo> {
-        let c = self.conn().await?;
+    async fn check_extension(&self, c: &tokio_postgres::Client) -> Result<()> {
         let version = c
             .query_typed_opt(
                 "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'alkblobs'",
@@ -234,6 +306,12 @@ impl PgPool {
                 }
             }
         }
+        Ok(())
+    }
+
+    async fn check(&self) -> Result<PoolInfo> {
+        let c = self.conn().await?;
+        self.check_extension(&c).await?;
         let row = c
             .query_typed_opt(
                 "SELECT p.pool, p.mode, p.large_tier, extract(epoch FROM p.delete_window)::text,
@@ -249,18 +327,70 @@ impl PgPool {
                 _ => db_err(self, None, e),
             })?;
         let Some(row) = row else {
-            return Err(Error::Config(format!(
-                "{self}: no pool {:?} that this role may read; create it with SELECT alkblobs_create_pool('{}', single_instance => true), or have its admin run alkblobs_grant_pool",
-                self.inner.name, self.inner.name
-            )));
+            return Err(Error::NoPool {
+                pool: self.inner.name.clone(),
+                at: self.to_string(),
+            });
         };
-        Ok(PoolInfo {
-            name: row.get(0),
-            mode: row.get(1),
-            large_tier: row.get(2),
-            delete_window: interval_secs(row.get::<_, String>(3).as_str()),
-            pin_ttl: interval_secs(row.get::<_, String>(4).as_str()),
-        })
+        Ok(pool_info(&row))
+    }
+
+    /// Every pool the connecting role may read.
+    pub async fn pools(&self) -> Result<Vec<PoolInfo>> {
+        let rows = self
+            .rows(
+                self,
+                None,
+                "SELECT p.pool, p.mode, p.large_tier, extract(epoch FROM p.delete_window)::text,
+                        extract(epoch FROM p.pin_ttl)::text
+                   FROM alkblobs_pools p ORDER BY p.pool",
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().map(pool_info).collect())
+    }
+
+    /// Creates pool `name` (the connecting role needs `alkblobs_admin`).
+    pub async fn create_pool(&self, name: &str, settings: &PoolSettings) -> Result<()> {
+        let window = settings.delete_window.unwrap_or(Duration::from_secs(300));
+        let ttl = settings.pin_ttl.unwrap_or(Duration::from_secs(60));
+        let (w, t) = (secs_text(window), secs_text(ttl));
+        let large = settings
+            .large_tier
+            .clone()
+            .unwrap_or_else(|| "pg-lo".into());
+        self.rows(
+            self,
+            None,
+            "SELECT alkblobs_create_pool($1, $2::interval, $3::interval, $4, single_instance => $5)",
+            &[
+                (&name, Type::TEXT),
+                (&w, Type::TEXT),
+                (&t, Type::TEXT),
+                (&large, Type::TEXT),
+                (&settings.single_instance, Type::BOOL),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Changes pool `name`'s window or TTL (`None` keeps it).
+    pub async fn alter_pool(
+        &self,
+        name: &str,
+        window: Option<Duration>,
+        ttl: Option<Duration>,
+    ) -> Result<()> {
+        let (w, t) = (window.map(secs_text), ttl.map(secs_text));
+        self.rows(
+            self,
+            None,
+            "SELECT alkblobs_alter_pool($1, $2::interval, $3::interval)",
+            &[(&name, Type::TEXT), (&w, Type::TEXT), (&t, Type::TEXT)],
+        )
+        .await?;
+        Ok(())
     }
 
     /// The pool's name.

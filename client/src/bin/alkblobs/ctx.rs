@@ -1,18 +1,31 @@
-//! What every command shares: the data directory, how to open the store
-//! there, and whether to draw progress.
+//! What every command shares: where the store is (a data directory, or a
+//! pool in PostgreSQL), how to open it, and whether to draw progress.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use alkblobs::store::postgres::{PgLarge, PostgresOptions};
 use alkblobs::{DirOptions, OpenMode, Store};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::exit::{Exit, Fail, Res};
 
+/// A pool in a PostgreSQL database (`--postgres URL --pool NAME`).
+pub struct PgTarget {
+    /// The database.
+    pub url: String,
+    /// The pool.
+    pub pool: String,
+    /// The large tier (`--large`), or the pool's own.
+    pub large: PgLarge,
+}
+
 /// The global options, resolved.
 pub struct Ctx {
     /// The data directory.
     pub dir: PathBuf,
+    /// A PostgreSQL pool instead of the data directory.
+    pub pg: Option<PgTarget>,
     /// Print JSON instead of text.
     pub json: bool,
     /// Wait for the instance lock instead of failing.
@@ -25,6 +38,9 @@ impl Ctx {
     /// Opens the store for writing, creating it if the directory holds none
     /// (`put`, `roots add`).
     pub async fn create(&self) -> Res<Store> {
+        if let Some(pg) = &self.pg {
+            return self.open_pg(pg).await;
+        }
         let mode = if self.wait {
             OpenMode::WriteWait
         } else {
@@ -36,12 +52,26 @@ impl Ctx {
     /// Opens an existing store for writing (`gc`, `roots rm`): a command
     /// that only changes what is there never creates a store.
     pub async fn open_write(&self) -> Res<Store> {
-        self.require_store()?;
+        if self.pg.is_none() {
+            self.require_store()?;
+        }
         self.create().await
+    }
+
+    /// A single-instance pool in PostgreSQL (a missing pool is exit 3: no
+    /// store; the pools themselves are made with `alkblobs pool create`).
+    async fn open_pg(&self, pg: &PgTarget) -> Res<Store> {
+        Ok(
+            Store::open_postgres(PostgresOptions::new(&pg.url, &pg.pool).large(pg.large.clone()))
+                .await?,
+        )
     }
 
     /// Opens an existing store read-only, taking no lock.
     pub async fn open_read(&self) -> Res<Store> {
+        if let Some(pg) = &self.pg {
+            return self.open_pg(pg).await;
+        }
         self.require_store()?;
         Ok(Store::open_dir_with(&self.dir, DirOptions::new().read_only()).await?)
     }

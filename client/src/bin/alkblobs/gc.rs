@@ -58,6 +58,13 @@ pub async fn gc(
     window: Option<Duration>,
     dry_run: bool,
 ) -> Res {
+    if ctx.pg.is_some() && window.is_some() {
+        // The window is the pool's, the same for every entry point.
+        return Err(crate::exit::Fail::new(
+            crate::exit::Exit::BadInput,
+            "--window: a PostgreSQL pool's delete window is a property of the pool; change it with `alkblobs pool alter NAME --window …`",
+        ));
+    }
     let mut extra = HashSet::new();
     for f in roots_files {
         extra.extend(read_roots_file(f)?);

@@ -1,7 +1,8 @@
 //! `alkblobs`: the command line for people.
 //!
 //! Works on the embedded default store (sqlite + local files under a data
-//! directory, no server). The exit codes are [`exit::Exit`], printed by
+//! directory, no server), or on a single-instance pool in PostgreSQL
+//! (`--postgres URL --pool NAME`). The exit codes are [`exit::Exit`], printed by
 //! `--help`. One module per command; `ctx` opens the store, `output` prints.
 
 use std::io::IsTerminal;
@@ -18,6 +19,7 @@ mod gc;
 mod get;
 mod ls;
 mod output;
+mod pool;
 mod put;
 mod roots;
 mod staged;
@@ -25,7 +27,8 @@ mod stat;
 mod usage;
 mod verify;
 
-use ctx::Ctx;
+use alkblobs::store::postgres::PgLarge;
+use ctx::{Ctx, PgTarget};
 use exit::{Exit, Res, key_arg};
 use roots::RootsCmd;
 
@@ -48,6 +51,23 @@ struct Cli {
     /// No progress bars.
     #[arg(long, short, global = true)]
     quiet: bool,
+    /// A PostgreSQL database (URL, `sslmode`/`sslrootcert` as in libpq)
+    /// holding the store's pool, instead of the data directory.
+    #[arg(long, global = true, env = "ALKBLOBS_POSTGRES", value_name = "URL")]
+    postgres: Option<String>,
+    /// The pool in that database.
+    #[arg(
+        long,
+        global = true,
+        env = "ALKBLOBS_POOL",
+        default_value = "default",
+        value_name = "NAME"
+    )]
+    pool: String,
+    /// The large tier of a PostgreSQL store: pg-lo, none or local=DIR (the
+    /// pool's own if not given; it must match the pool's).
+    #[arg(long, global = true, value_name = "TIER", value_parser = large_arg)]
+    large: Option<PgLarge>,
     #[command(subcommand)]
     command: Command,
 }
@@ -111,6 +131,22 @@ enum Command {
     },
     /// Show staged delete candidates and when they become due.
     Staged,
+    /// Create, list and change pools in PostgreSQL (needs --postgres).
+    Pool {
+        #[command(subcommand)]
+        action: pool::PoolCmd,
+    },
+}
+
+fn large_arg(s: &str) -> Result<PgLarge, String> {
+    match s {
+        "pg-lo" => Ok(PgLarge::PgLo),
+        "none" => Ok(PgLarge::None),
+        other => match other.strip_prefix("local=") {
+            Some(dir) if !dir.is_empty() => Ok(PgLarge::Local(PathBuf::from(dir))),
+            _ => Err(format!("{other:?} is not pg-lo, none or local=DIR")),
+        },
+    }
 }
 
 fn default_data_dir() -> PathBuf {
@@ -122,6 +158,11 @@ fn default_data_dir() -> PathBuf {
 async fn run(cli: Cli) -> Res {
     let ctx = Ctx {
         dir: cli.data_dir.clone().unwrap_or_else(default_data_dir),
+        pg: cli.postgres.clone().map(|url| PgTarget {
+            url,
+            pool: cli.pool.clone(),
+            large: cli.large.clone().unwrap_or(PgLarge::FromPool),
+        }),
         json: cli.json,
         wait: cli.wait,
         progress: !cli.quiet && std::io::stderr().is_terminal(),
@@ -140,6 +181,7 @@ async fn run(cli: Cli) -> Res {
             dry_run,
         } => gc::gc(&ctx, roots_files, *window, *dry_run).await,
         Command::Staged => staged::staged(&ctx).await,
+        Command::Pool { action } => pool::pool(&ctx, action).await,
     }
 }
 
