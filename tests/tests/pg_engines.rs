@@ -117,9 +117,10 @@ async fn the_preset_refuses_what_would_be_unsafe_or_wrong() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e, Error::Config(ref m) if m.contains("alkblobs_create_pool")),
+        matches!(e, Error::NoPool { ref pool, .. } if pool == "no-such-pool"),
         "{e}"
     );
+    assert_eq!(e.kind(), alkblobs::ErrorKind::NotFound);
     let db = format!("alkblobs_noext_{}", std::process::id());
     c.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
         .await
