@@ -490,3 +490,39 @@ fn ls_long_json_is_valid_when_the_first_listed_key_has_vanished() {
         "the vanished key is skipped"
     );
 }
+
+#[test]
+fn explain_says_why_a_key_is_or_is_not_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("f"), b"explain me").unwrap();
+    let key = ok(d, &["put", "f"]).trim().to_owned();
+    let verdict = |d: &Path| -> serde_json::Value {
+        serde_json::from_str(&ok(d, &["explain", &key, "--json"])).unwrap()
+    };
+    let v = verdict(d);
+    assert_eq!(v["entry"]["size"], 10);
+    assert_eq!(v["root"], false);
+    assert!(
+        v["verdict"].as_str().unwrap().starts_with("not live"),
+        "{v}"
+    );
+    ok(d, &["roots", "add", &key]);
+    let v = verdict(d);
+    assert_eq!(v["root"], true);
+    assert_eq!(v["verdict"], "live: a root");
+    ok(d, &["roots", "rm", &key]);
+    ok(d, &["gc", "--window", "1h"]);
+    let v = verdict(d);
+    assert!(v["staged"]["visible_after_ms"].as_i64().is_some(), "{v}");
+    assert!(
+        v["verdict"].as_str().unwrap().contains("staged, due in"),
+        "{v}"
+    );
+    let text = ok(d, &["explain", &key]);
+    assert!(text.contains("staged:  yes, due at"), "{text}");
+    ok(d, &["gc", "--window", "0s"]);
+    let o = run(d, &["explain", &key]);
+    assert_eq!(code(&o), 3);
+    assert!(stdout(&o).contains("not in the pool"), "{}", stdout(&o));
+}

@@ -83,6 +83,10 @@ fn the_cli_runs_on_a_postgres_pool() {
     ok(d, &pool, &["gc"]);
     let listed = ok(d, &pool, &["ls"]);
     assert_eq!(listed.trim(), keys[0], "the root stays, the rest goes");
+    let why: serde_json::Value =
+        serde_json::from_str(&ok(d, &pool, &["explain", keys[0], "--json"])).unwrap();
+    assert_eq!(why["verdict"], "live: a root");
+    assert_eq!(code(&run(d, &pool, &["explain", keys[1]])), 3);
     let o = run(d, &pool, &["get", keys[1]]);
     assert_eq!(code(&o), 3);
     // A large tier other than the pool's is refused as bad input.

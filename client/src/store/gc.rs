@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use super::EntryMeta;
 use super::Store;
 use crate::arbiter::{
     LiveCheck, LiveSet, LivenessSource, PinGuard, StagedRow, SweepOptions, SweepReport,
@@ -143,5 +144,102 @@ impl Store {
                 async move { arbiter.roots(after, 4096).await }
             },
         )
+    }
+}
+
+/// Why a key is or is not live, as far as this store can tell
+/// ([`Store::explain`]).
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct Explanation {
+    /// The key.
+    pub key: Key,
+    /// The entry, if the pool holds it.
+    pub entry: Option<EntryMeta>,
+    /// Pins this process holds on it (other processes' pins are not seen
+    /// by a single-node store).
+    pub pins_here: u32,
+    /// Whether it is a persistent root.
+    pub root: bool,
+    /// Its staged row, if a sweep staged it.
+    pub staged: Option<StagedRow>,
+    /// Liveness sources registered in this process, other than the roots
+    /// (each may protect it; they answer during a sweep).
+    pub liveness_sources: Vec<String>,
+    /// The delete window this store applies.
+    pub window_secs: f64,
+    /// One line: live and why, or what a sweep will do.
+    pub verdict: String,
+}
+
+/// The largest key before `key`, for "first row at or after `key`" lookups.
+fn predecessor(key: &Key) -> Option<Key> {
+    let mut b = *key.as_bytes();
+    for i in (0..b.len()).rev() {
+        if b[i] > 0 {
+            b[i] -= 1;
+            for x in b.iter_mut().skip(i + 1) {
+                *x = 0xff;
+            }
+            return Some(Key::from_bytes(b));
+        }
+    }
+    None
+}
+
+impl Store {
+    /// Why `key` is or is not live: the entry, pins held here, roots,
+    /// staged row and window, the registered liveness sources, and a
+    /// verdict. Like `has`, a snapshot that may change the moment it
+    /// returns.
+    pub async fn explain(&self, key: &Key) -> Result<Explanation> {
+        self.check_open()?;
+        let arbiter = &self.inner.arbiter;
+        let entry = self.stat(key).await?;
+        let pins_here = arbiter.pin_count(key);
+        let after = predecessor(key);
+        let root = arbiter.roots(after, 1).await?.first() == Some(key);
+        let staged = arbiter
+            .staged(after, 1)
+            .await?
+            .into_iter()
+            .find(|r| r.key == *key);
+        let liveness_sources: Vec<String> = arbiter
+            .liveness_sources()
+            .into_iter()
+            .filter(|s| s != crate::arbiter::single::ROOTS_SOURCE)
+            .collect();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let verdict = match (&entry, pins_here > 0, root, &staged) {
+            (None, _, _, _) => "not in the pool: put the content to (re)create it".to_string(),
+            (Some(_), true, _, _) => format!("live: pinned by this process ({pins_here} pin(s))"),
+            (Some(_), false, true, _) => "live: a root".to_string(),
+            (Some(_), false, false, Some(r)) => match r.visible_after_ms {
+                None => "not live unless a liveness source says so: staged by a sweep still marking".into(),
+                Some(v) if v <= now_ms => "not live unless a liveness source says so: staged and due; the next sweep deletes it".into(),
+                Some(v) => format!(
+                    "not live unless a liveness source says so: staged, due in {}s",
+                    (v - now_ms + 999) / 1000
+                ),
+            },
+            (Some(_), false, false, None) if !liveness_sources.is_empty() => format!(
+                "live only if a liveness source ({}) holds it; otherwise the next sweep stages it",
+                liveness_sources.join(", ")
+            ),
+            (Some(_), false, false, None) => "not live: the next sweep stages it for deletion".into(),
+        };
+        Ok(Explanation {
+            key: *key,
+            entry,
+            pins_here,
+            root,
+            staged,
+            liveness_sources,
+            window_secs: arbiter.delete_window().as_secs_f64(),
+            verdict,
+        })
     }
 }

@@ -15,6 +15,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod ctx;
 mod exit;
+mod explain;
 mod gc;
 mod get;
 mod ls;
@@ -131,6 +132,13 @@ enum Command {
     },
     /// Show staged delete candidates and when they become due.
     Staged,
+    /// Why a blob is or is not live: entry, root, staged row and deadline,
+    /// window, verdict (exit 3 if the pool does not hold it).
+    Explain {
+        /// The key.
+        #[arg(value_parser = key_arg)]
+        key: Key,
+    },
     /// Create, list and change pools in PostgreSQL (needs --postgres).
     Pool {
         #[command(subcommand)]
@@ -182,6 +190,7 @@ async fn run(cli: Cli) -> Res {
         } => gc::gc(&ctx, roots_files, *window, *dry_run).await,
         Command::Staged => staged::staged(&ctx).await,
         Command::Pool { action } => pool::pool(&ctx, action).await,
+        Command::Explain { key } => explain::explain(&ctx, *key).await,
     }
 }
 
