@@ -7,4 +7,6 @@ scripts/install-extension.sh >/dev/null
 url=$(scripts/pg-cluster.sh start)
 trap 'scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
 psql -X -q "$url" -c "CREATE EXTENSION IF NOT EXISTS alkblobs"
-ALKBLOBS_PG_URL="$url" cargo bench -p alkblobs-benches --bench pg
+# benches/pg-bench.sh            the extension's sweep and put (benches/pg.rs)
+# benches/pg-bench.sh pg_engines the client's postgres and pg-lo engines
+ALKBLOBS_PG_URL="$url" cargo bench -p alkblobs-benches --bench "${1:-pg}"
