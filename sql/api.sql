@@ -46,12 +46,16 @@
 CREATE FUNCTION alkblobs.lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 1634495330';
 
--- The calling role: the session's login role.
+-- The calling role: the session's login role. (plpgsql, like every helper
+-- on a hot path: a SQL-language function that cannot be inlined — it has a
+-- SET clause — is parsed and planned again in every statement that calls
+-- it, ~0.5 ms each for may(); plpgsql caches its plans per session.)
 CREATE FUNCTION alkblobs.caller() RETURNS oid
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user
-$$;
+BEGIN
+    RETURN (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);
+END $$;
 
 -- Does the caller have `need` ('read', 'write', 'sweep' or 'admin') on pool
 -- p? Superusers and members of the pool's owner role have everything;
@@ -60,15 +64,16 @@ $$;
 -- a view runs with the caller's privileges); it reveals nothing but the
 -- caller's own access.
 CREATE FUNCTION alkblobs.may(p alkblobs.pools, need text) RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
         OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
                     WHERE r.oid = p.owner AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))
         OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
                     WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')
-                      AND (g.access = need OR g.access = 'admin' OR (need = 'read' AND g.access IN ('write', 'sweep'))))
-$$;
+                      AND (g.access = need OR g.access = 'admin' OR (need = 'read' AND g.access IN ('write', 'sweep'))));
+END $$;
 
 -- The pool named p_name, if the caller has `need` on it.
 CREATE FUNCTION alkblobs.pool(p_name text, need text) RETURNS alkblobs.pools
@@ -282,10 +287,11 @@ END $$;
 -- it); and while it exists the table's "key" column cannot be retyped or
 -- dropped, and DROP TABLE needs CASCADE (or unregistering first).
 CREATE FUNCTION alkblobs.source_name(rel oid) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT pg_catalog.format('alkblobs.%I', 'src_' || rel::text)
-$$;
+BEGIN
+    RETURN pg_catalog.format('alkblobs.%I', 'src_' || rel::text);
+END $$;
 
 -- Creates the view of registered table `rel` if it is missing, and checks
 -- that it reads `rel` and nothing else (the name used to create it is
@@ -569,13 +575,14 @@ END $$;
 
 -- Upserts the caller's pin on (pool, key, owner) to expire one TTL from now.
 CREATE FUNCTION alkblobs.pin_row(p alkblobs.pools, k bytea, o text) RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
     INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
     VALUES (p.id, k, alkblobs.caller(), o, clock_timestamp() + p.pin_ttl)
     ON CONFLICT (pool, key, role, owner)
-    DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at)
-$$;
+    DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+END $$;
 
 -- Locks the entry row FOR KEY SHARE if it exists: waits while the executor
 -- decides the key, and keeps it from deleting the key until we commit.
@@ -867,16 +874,23 @@ BEGIN
 END $$;
 
 -- Many kv puts in one call (one round trip, one transaction): the same as
--- alkblobs_put for each (keys[i], vals[i]), in order; at most 10,000.
--- Returns, per key, whether its entry is new.
+-- alkblobs_put for each (keys[i], vals[i]), set-based; at most 10,000.
+-- Returns, per position, whether it created the entry (a key repeated in
+-- the batch is created at its first position at most). Entries are
+-- inserted in key order; present ones are locked FOR KEY SHARE (waiting
+-- out an executor deciding them), and one deleted meanwhile is put afresh.
 CREATE FUNCTION @extschema@.alkblobs_put_many(pool text, keys bytea[], vals bytea[], owner text)
 RETURNS boolean[]
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    out boolean[] := '{}';
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+    bad bigint;
+    created bytea[];
+    others bytea[];
+    present bytea[];
+    i integer;
 BEGIN
-    PERFORM alkblobs.pool($1, 'write');
     PERFORM alkblobs.not_null($2, 'keys');
     PERFORM alkblobs.not_null($3, 'vals');
     IF cardinality($2) <> cardinality($3) THEN
@@ -886,10 +900,60 @@ BEGIN
     IF cardinality($2) > 10000 THEN
         RAISE EXCEPTION 'at most 10000 values per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    FOR i IN 1..coalesce(cardinality($2), 0) LOOP
-        out := out || @extschema@.alkblobs_put($1, $2[i], $3[i], $4);
+    IF coalesce(cardinality($2), 0) = 0 THEN
+        RETURN '{}';
+    END IF;
+    IF $4 IS NULL AND pl.mode <> 'single' THEN
+        RAISE EXCEPTION 'owner must not be NULL (only single-instance pools take puts without a pin)'
+            USING ERRCODE = 'null_value_not_allowed';
+    ELSIF $4 IS NOT NULL THEN
+        PERFORM alkblobs.check_owner($4);
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest($2, $3) u(k, v) WHERE u.k IS NULL OR u.v IS NULL) THEN
+        RAISE EXCEPTION 'keys and values must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest($2) k WHERE length(k) <> 32) THEN
+        RAISE EXCEPTION 'every key is 32 bytes (a BLAKE3 hash)' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT u.i INTO bad FROM unnest($2, $3) WITH ORDINALITY u(k, v, i) WHERE alkblobs.blake3(u.v) <> u.k ORDER BY u.i LIMIT 1;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'hash mismatch at position %: the value hashes to %, not to the key %', bad,
+                        encode(alkblobs.blake3($3[bad]), 'hex'), encode($2[bad], 'hex')
+            USING ERRCODE = 'AB001', HINT = 'Nothing was stored. Re-fetch the content; the key is its BLAKE3 hash.';
+    END IF;
+    WITH ins AS (
+        INSERT INTO alkblobs.entries (pool, key, size, tier, value)
+        SELECT pl.id, d.k, length(d.v), 'kv', d.v
+          FROM (SELECT DISTINCT ON (u.k) u.k, u.v FROM unnest($2, $3) u(k, v) ORDER BY u.k) d
+         ORDER BY d.k
+        ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING
+        RETURNING key)
+    SELECT coalesce(array_agg(ins.key), '{}') INTO created FROM ins;
+    others := ARRAY(SELECT DISTINCT k FROM unnest($2) k WHERE NOT (k = ANY(created)) ORDER BY 1);
+    -- Present: DO NOTHING did not wait for an executor deleting them; this
+    -- lock does, and finds only what survived.
+    SELECT coalesce(array_agg(x.key), '{}') INTO present FROM (
+        SELECT e.key FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = ANY(others)
+         ORDER BY e.key FOR KEY SHARE) x;
+    -- A re-put restarts the window (and in a local-tier pool a new entry
+    -- may replace a staged file of the same key).
+    DELETE FROM alkblobs.staged s
+     WHERE s.pool = pl.id AND (s.key = ANY(present) OR (pl.large_tier = 'local' AND s.key = ANY(created)));
+    -- Deleted while we waited: put afresh, one by one (rare).
+    FOR i IN SELECT min(u.i) FROM unnest($2) WITH ORDINALITY u(k, i)
+              WHERE u.k = ANY(others) AND NOT (u.k = ANY(present)) GROUP BY u.k ORDER BY 1 LOOP
+        IF @extschema@.alkblobs_put($1, $2[i], $3[i], $4) THEN
+            created := created || $2[i];
+        END IF;
     END LOOP;
-    RETURN out;
+    IF $4 IS NOT NULL THEN
+        INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
+        SELECT DISTINCT pl.id, k, alkblobs.caller(), $4, clock_timestamp() + pl.pin_ttl FROM unnest($2) k
+        ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+    END IF;
+    RETURN ARRAY(
+        SELECT u.k = ANY(created) AND u.i = min(u.i) OVER (PARTITION BY u.k)
+          FROM unnest($2) WITH ORDINALITY u(k, i) ORDER BY u.i);
 END $$;
 
 -- Single-instance pools (pools.mode = 'single') ------------------------------------

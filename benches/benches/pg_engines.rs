@@ -36,7 +36,8 @@ async fn connect(url: &str) -> Client {
 }
 
 fn main() {
-    let url = std::env::var("ALKBLOBS_PG_URL").expect("ALKBLOBS_PG_URL (benches/pg-bench.sh sets it)");
+    let url =
+        std::env::var("ALKBLOBS_PG_URL").expect("ALKBLOBS_PG_URL (benches/pg-bench.sh sets it)");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -57,7 +58,9 @@ fn main() {
     )))
     .unwrap();
     let pg = rt
-        .block_on(PgPool::connect(&PgOptions::new(&url, &pool).max_connections(16)))
+        .block_on(PgPool::connect(
+            &PgOptions::new(&url, &pool).max_connections(16),
+        ))
         .unwrap()
         .0;
     let kv = PostgresBackend::new(pg.clone());
@@ -110,7 +113,14 @@ fn main() {
             .collect();
         (on_worker(&rt, lat, ops), n * 4096)
     };
-    paired("get 4 KiB", "postgres engine", "raw SELECT", r, &mut a, &mut b);
+    paired(
+        "get 4 KiB",
+        "postgres engine",
+        "raw SELECT",
+        r,
+        &mut a,
+        &mut b,
+    );
 
     // 2. batches of 1,000 × 1 KiB, fresh keys every block.
     let mut seed_a = 1_000_000u64;
@@ -134,7 +144,10 @@ fn main() {
     let insert = format!("INSERT INTO {raw} SELECT * FROM unnest($1::bytea[], $2::bytea[])");
     let mut b = |lat: &mut Lat| {
         let vals: Vec<Vec<u8>> = (0..1000).map(|i| data(seed_b + i, 1024)).collect();
-        let ks: Vec<Vec<u8>> = vals.iter().map(|v| Key::of(v).as_bytes().to_vec()).collect();
+        let ks: Vec<Vec<u8>> = vals
+            .iter()
+            .map(|v| Key::of(v).as_bytes().to_vec())
+            .collect();
         seed_b += 1000;
         let (c, q) = (rawc.clone(), insert.clone());
         let ops = vec![move || async move {
@@ -143,12 +156,22 @@ fn main() {
         on_worker(&rt, lat, ops);
         (1000, 1000 * 1024)
     };
-    paired("put_many 1,000 × 1 KiB", "postgres engine", "raw INSERT unnest", r, &mut a, &mut b);
+    paired(
+        "put_many 1,000 × 1 KiB",
+        "postgres engine",
+        "raw INSERT unnest",
+        r,
+        &mut a,
+        &mut b,
+    );
 
     // 3. and 4. large blobs against the local engine.
     let dir = scratch();
     let local = rt
-        .block_on(LocalBackend::open(dir.path().join("large"), LocalOptions::default()))
+        .block_on(LocalBackend::open(
+            dir.path().join("large"),
+            LocalOptions::default(),
+        ))
         .unwrap();
     let size = large_mib << 20;
     let big = data(42, size);
@@ -165,7 +188,8 @@ fn main() {
         })
     };
     put_lo(&lo, &big);
-    rt.block_on(local.put(&big_key, Bytes::from(big.clone()))).unwrap();
+    rt.block_on(local.put(&big_key, Bytes::from(big.clone())))
+        .unwrap();
     let read_all = |r: Option<alkblobs::backend::BlobReader>| async move {
         let mut r = r.unwrap();
         let mut buf = vec![0u8; 1 << 20];
@@ -193,7 +217,14 @@ fn main() {
         }];
         (on_worker(&rt, lat, ops), size as u64)
     };
-    paired(&format!("streaming get {large_mib} MiB"), "pg-lo", "local (page cache)", rr, &mut a, &mut b);
+    paired(
+        &format!("streaming get {large_mib} MiB"),
+        "pg-lo",
+        "local (page cache)",
+        rr,
+        &mut a,
+        &mut b,
+    );
 
     let mut round = 0u64;
     let mut a = |lat: &mut Lat| {
@@ -216,7 +247,14 @@ fn main() {
         lat.record(t.elapsed());
         (1, size as u64)
     };
-    paired(&format!("durable put {large_mib} MiB"), "pg-lo", "local", rr, &mut a, &mut b);
+    paired(
+        &format!("durable put {large_mib} MiB"),
+        "pg-lo",
+        "local",
+        rr,
+        &mut a,
+        &mut b,
+    );
 
     // 5. 8 concurrent readers.
     let mut keys8 = Vec::new();
@@ -246,5 +284,6 @@ fn main() {
         total >> 20,
         t.elapsed().as_secs_f64()
     );
-    rt.block_on(admin.batch_execute(&format!("DROP TABLE {raw}"))).unwrap();
+    rt.block_on(admin.batch_execute(&format!("DROP TABLE {raw}")))
+        .unwrap();
 }

@@ -203,6 +203,19 @@ async fn staged_rows_survive_a_restart_and_the_extension_keeps_out() {
     assert!(!store.has(&big.key).await.unwrap());
 }
 
+/// Large objects that are neither an entry nor an upload.
+async fn orphan_objects(c: &tokio_postgres::Client) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM pg_largeobject_metadata m
+          WHERE NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.loid = m.oid)
+            AND NOT EXISTS (SELECT 1 FROM alkblobs.uploads u WHERE u.loid = m.oid)",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 /// Terminates every server connection of `app` (an application_name).
 async fn kill_app(c: &tokio_postgres::Client, app: &str) {
     c.execute(
@@ -229,6 +242,9 @@ async fn dropped_connections_fail_retryably_and_the_pool_reconnects() {
         .unwrap();
     let kept = store.put(vec![1u8; 4096]).await.unwrap();
     store.add_roots(&[kept.key]).await.unwrap();
+    // (Counted before and after: a committed large object is always an
+    // entry or an upload, so another test cannot change this count.)
+    let orphans_before = orphan_objects(&c).await;
     // A big streaming put, its connection killed while it writes.
     let big: Vec<u8> = (0..64u32 << 20).map(|i| (i % 251) as u8).collect();
     let big_key = alkblobs::Key::of(&big);
@@ -282,17 +298,11 @@ async fn dropped_connections_fail_retryably_and_the_pool_reconnects() {
     assert_eq!(again.key, big_key);
     assert!(store.has(&big_key).await.unwrap());
     // No large object was left behind by the killed upload.
-    let orphans: i64 = c
-        .query_one(
-            "SELECT count(*) FROM pg_largeobject_metadata m
-              WHERE NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.loid = m.oid)
-                AND NOT EXISTS (SELECT 1 FROM alkblobs.uploads u WHERE u.loid = m.oid)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(orphans, 0, "the killed upload left a large object");
+    assert_eq!(
+        orphan_objects(&c).await,
+        orphans_before,
+        "the killed upload left a large object"
+    );
 }
 
 /// TLS with libpq's sslmode meanings: `verify-full` against the CA that
