@@ -38,8 +38,10 @@ pub const EXTENSION_VERSION: &str = "0.4.0";
 const ATTEMPTS: u32 = 3;
 /// Keys per `alkblobs_list` page.
 const PAGE: i32 = 10_000;
-/// Bytes per `alkblobs_lo_write` / `alkblobs_lo_read` call.
-const WINDOW: usize = 1 << 20;
+/// Bytes per `alkblobs_lo_write` / `alkblobs_lo_read` call (the server
+/// reads and writes a large object in 2 KiB pages either way; bigger
+/// windows only save round trips and per-call overhead).
+const WINDOW: usize = 4 << 20;
 /// Bytes per `alkblobs_put_many` call (values travel in one message).
 const BATCH_BYTES: usize = 16 << 20;
 
@@ -896,22 +898,30 @@ impl LargeBackend for PgLoBackend {
         let key = *key;
         let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
         tokio::spawn(async move {
+            // Each window is fetched while the one before it is handed on
+            // (the query is in flight while the reader consumes).
             let mut offset = first.len() as u64;
             let mut more = first.len() == WINDOW;
-            if tx.send(Ok(first)).await.is_err() {
-                let _ = finish(c, "ROLLBACK").await;
-                return;
-            }
-            while more {
-                match engine.window(&c, &key, offset, WINDOW).await {
-                    Ok(Some(w)) => {
+            let mut current = first;
+            loop {
+                if !more {
+                    let _ = tx.send(Ok(current)).await;
+                    break;
+                }
+                let (sent, next) = tokio::join!(
+                    tx.send(Ok(current)),
+                    engine.window(&c, &key, offset, WINDOW)
+                );
+                if sent.is_err() {
+                    break;
+                }
+                match next {
+                    Ok(Some(w)) if !w.is_empty() => {
                         more = w.len() == WINDOW;
                         offset += w.len() as u64;
-                        if w.is_empty() || tx.send(Ok(w)).await.is_err() {
-                            break;
-                        }
+                        current = w;
                     }
-                    Ok(None) => break,
+                    Ok(_) => break,
                     Err(e) => {
                         let _ = tx.send(Err(std::io::Error::other(e))).await;
                         break;
