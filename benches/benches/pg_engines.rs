@@ -202,7 +202,7 @@ fn main() {
             n += k;
         }
     };
-    let rr = r.min(5).max(3);
+    let rr = r.clamp(3, 5);
     let mut a = |lat: &mut Lat| {
         let e = lo.clone();
         let ops = vec![move || async move {

@@ -39,14 +39,12 @@ pub async fn ensure_extension(c: &Client) {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-/// A fresh pool with a unique name.
+/// A fresh fleet pool with a unique name (large tier `pg-lo`). Calls
+/// `alkblobs_create_pool` with the three arguments every version has, so
+/// the hardening tests also run against the extension before them.
 pub async fn pool(c: &Client, tag: &str, window: &str, ttl: &str) -> String {
     ensure_extension(c).await;
-    let name = format!(
-        "{tag}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    );
+    let name = unique(tag);
     c.execute(
         "SELECT alkblobs_create_pool($1, $2::text::interval, $3::text::interval)",
         &[&name, &window, &ttl],
@@ -54,6 +52,14 @@ pub async fn pool(c: &Client, tag: &str, window: &str, ttl: &str) -> String {
     .await
     .expect("create pool");
     name
+}
+
+fn unique(tag: &str) -> String {
+    format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// A fresh pool with a unique name, its large tier and mode given.
@@ -66,11 +72,7 @@ pub async fn pool_with(
     single_instance: bool,
 ) -> String {
     ensure_extension(c).await;
-    let name = format!(
-        "{tag}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    );
+    let name = unique(tag);
     c.execute(
         "SELECT alkblobs_create_pool($1, $2::text::interval, $3::text::interval, $4, single_instance => $5)",
         &[&name, &window, &ttl, &large, &single_instance],

@@ -510,6 +510,22 @@ async fn stat(
         .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, String>(1))))
 }
 
+/// Entries and bytes of one tier (`kv` or `lo`) from `alkblobs_usage`.
+async fn tier_usage(
+    pg: &PgPool,
+    engine: &(dyn fmt::Display + Sync),
+    tier: &str,
+) -> Result<Option<(u64, u64)>> {
+    let sql =
+        format!("SELECT {tier}_entries, {tier}_bytes::bigint FROM alkblobs_usage WHERE pool = $1");
+    let rows = pg
+        .rows(engine, None, &sql, &[(&pg.inner.name, Type::TEXT)])
+        .await?;
+    Ok(rows
+        .first()
+        .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64)))
+}
+
 /// Deletes keys of the pool (at most 1,000 per call), returning each
 /// deleted key's size.
 async fn delete_keys(
@@ -667,18 +683,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn usage(&self) -> Result<Option<(u64, u64)>> {
-        let rows = self
-            .pg
-            .rows(
-                self,
-                None,
-                "SELECT kv_entries, kv_bytes::bigint FROM alkblobs_usage WHERE pool = $1",
-                &[(&self.pg.inner.name, Type::TEXT)],
-            )
-            .await?;
-        Ok(rows
-            .first()
-            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64)))
+        tier_usage(&self.pg, self, "kv").await
     }
 
     async fn reclaim_abandoned(&self) -> Result<u64> {
@@ -823,18 +828,7 @@ impl Backend for PgLoBackend {
     }
 
     async fn usage(&self) -> Result<Option<(u64, u64)>> {
-        let rows = self
-            .pg
-            .rows(
-                self,
-                None,
-                "SELECT lo_entries, lo_bytes::bigint FROM alkblobs_usage WHERE pool = $1",
-                &[(&self.pg.inner.name, Type::TEXT)],
-            )
-            .await?;
-        Ok(rows
-            .first()
-            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64)))
+        tier_usage(&self.pg, self, "lo").await
     }
 
     async fn reclaim_abandoned(&self) -> Result<u64> {
