@@ -379,3 +379,27 @@ async fn tls_follows_sslmode() {
         "{e}"
     );
 }
+
+/// A role that may not use the extension is told which role to grant; one
+/// that may use it but not this pool is told the pool is not there for it
+/// (and how to get access).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_privileges_is_told_what_to_grant() {
+    let c = connect().await;
+    let pool = single_pool("privs", "pg-lo").await;
+    let nobody = alkblobs_tests::pg::login_role(&c, "nobody", "pg_read_all_stats").await;
+    let as_role = |role: &str| url().replacen("postgres@", &format!("{role}@"), 1);
+    let e = Store::open_postgres(PostgresOptions::new(as_role(&nobody), &pool))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Config(ref m) if m.contains("GRANT alkblobs_writer")),
+        "{e}"
+    );
+    let writer = alkblobs_tests::pg::login_role(&c, "writer", "alkblobs_writer").await;
+    let e = Store::open_postgres(PostgresOptions::new(as_role(&writer), &pool))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NoPool { .. }), "{e}");
+    assert!(e.to_string().contains("alkblobs_grant_pool"), "{e}");
+}
