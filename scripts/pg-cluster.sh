@@ -3,6 +3,7 @@
 #   scripts/pg-cluster.sh start   initdb (if needed) + start; prints the URL
 #   scripts/pg-cluster.sh stop    stop and delete it
 #   scripts/pg-cluster.sh url     print the connection URL
+#   scripts/pg-cluster.sh restart stop (fast: every session dropped) and start it again
 #   scripts/pg-cluster.sh ca      print the CA certificate that signed the
 #                                 server's (TLS is on: sslmode=verify-full
 #                                 with sslrootcert=<that file> works)
@@ -85,8 +86,12 @@ url)
 ca)
     echo "$base/tls/ca.crt"
     ;;
+restart)
+    # Fast shutdown (every session disconnected) and start again.
+    as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -m fast -w -t 60 restart >/dev/null
+    ;;
 *)
-    echo "usage: $0 start|stop|url|ca" >&2
+    echo "usage: $0 start|stop|restart|url|ca" >&2
     exit 2
     ;;
 esac

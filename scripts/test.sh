@@ -61,4 +61,7 @@ trap 'scripts/pgbouncer.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh s
 bouncer=$(scripts/pgbouncer.sh start)
 ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_STORE_URL="$bouncer" cargo test -p alkblobs-tests --features pg --test pg_engines -- postgres_kv pg_lo single_
 
+step "a server restart under a store (restarts the cluster: runs alone, last)"
+ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_restart
+
 step "all tests passed"
