@@ -403,3 +403,50 @@ async fn a_role_without_privileges_is_told_what_to_grant() {
     assert!(matches!(e, Error::NoPool { .. }), "{e}");
     assert!(e.to_string().contains("alkblobs_grant_pool"), "{e}");
 }
+
+/// A process SIGKILLed in the middle of its puts (kv rows and streamed
+/// large objects) leaves no torn entry and no orphaned large object, and
+/// every put that returned survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_writer_processes_leave_nothing_torn() {
+    let c = connect().await;
+    let pool = single_pool("killed", "pg-lo").await;
+    let orphans_before = orphan_objects(&c).await;
+    let mut returned = std::collections::HashSet::new();
+    for round in 0..3u64 {
+        let mut h = alkblobs_tests::proc::Helper::spawn(
+            env!("CARGO_BIN_EXE_alkblobs-test-helper"),
+            &["pg-crash-puts", &store_url(), &pool],
+        );
+        for _ in 0..(3 + round * 2) {
+            let line = h.line().expect("helper died early");
+            returned.insert(line.parse::<alkblobs::Key>().unwrap());
+        }
+        // Kill it at an arbitrary point (often inside the 6 MB upload).
+        std::thread::sleep(std::time::Duration::from_millis(20 + 30 * round));
+        h.kill();
+        let store = Store::open_postgres(PostgresOptions::new(store_url(), &pool).threshold(1024))
+            .await
+            .unwrap();
+        let report = store.verify().await.unwrap();
+        assert!(
+            report.corrupt.is_empty(),
+            "round {round}: torn {:?}",
+            report.corrupt
+        );
+        for k in &returned {
+            assert!(
+                store.has(k).await.unwrap(),
+                "round {round}: a returned put was lost: {k}"
+            );
+        }
+        store.close().await.unwrap();
+    }
+    // The killed uploads' transactions rolled back with their connections.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        orphan_objects(&c).await,
+        orphans_before,
+        "a killed upload left a large object"
+    );
+}

@@ -8,6 +8,8 @@
 //!   plain rusqlite connection, prints `locked`, holds until stdin closes.
 //! - `sweep-then-die DIR WINDOW_MS`: runs a sweep on DIR and, once its rows
 //!   are staged and sealed, prints `sealed` and hangs until killed.
+//! - `pg-crash-puts URL POOL`: `crash-puts` on a single-instance PostgreSQL
+//!   pool (threshold 1 KiB: kv rows and large objects).
 
 use std::io::{BufRead, Write};
 use std::pin::Pin;
@@ -71,6 +73,22 @@ async fn main() {
                 let _ = std::io::stdout().flush();
             }
         }
+        Some("pg-crash-puts") => {
+            let opts =
+                alkblobs::store::postgres::PostgresOptions::new(&args[2], &args[3]).threshold(1024);
+            let store = Store::open_postgres(opts).await.expect("open");
+            for i in 0u64.. {
+                let size = match i % 4 {
+                    0 => 10,
+                    1 => 1_000,
+                    2 => 200_000,
+                    _ => 6_000_000,
+                };
+                let put = store.put(alkblobs_tests::data(i, size)).await.expect("put");
+                println!("{}", put.key);
+                let _ = std::io::stdout().flush();
+            }
+        }
         Some("hold-sqlite-lock") => {
             let conn = rusqlite::Connection::open(&args[2]).expect("open");
             conn.execute_batch("BEGIN EXCLUSIVE").expect("lock");
@@ -96,7 +114,7 @@ async fn main() {
         }
         _ => {
             eprintln!(
-                "usage: alkblobs-test-helper slow-put|crash-puts|hold-sqlite-lock|sweep-then-die ARGS"
+                "usage: alkblobs-test-helper slow-put|crash-puts|pg-crash-puts|hold-sqlite-lock|sweep-then-die ARGS"
             );
             std::process::exit(2);
         }
