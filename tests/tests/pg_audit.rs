@@ -871,3 +871,77 @@ async fn explain_knows_the_local_tiers_files() {
             .starts_with("absent: a file is being published")
     );
 }
+
+/// `alkblobs_put_many` (set-based) racing an executor that is deleting one
+/// of its keys, at every isolation level: it waits for the delete and then
+/// either puts the entry afresh or fails with 40001 — it never reports the
+/// key stored while the entry is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn put_many_racing_a_delete_never_reports_gone_content_stored() {
+    let obs = connect().await;
+    for iso in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let pool = pool(&obs, "pm-race", "0 seconds", "60 seconds").await;
+        let k = garbage(&obs, &pool, format!("put_many at {iso}").as_bytes()).await;
+        let other = key(format!("other at {iso}").as_bytes());
+        let v = format!("put_many at {iso}").into_bytes();
+        let ov = format!("other at {iso}").into_bytes();
+        // The executor, as it works: the entry locked FOR UPDATE (decided),
+        // deleted a moment later, committed after that.
+        let ex = connect().await;
+        ex.batch_execute("BEGIN").await.unwrap();
+        ex.execute(
+            "SELECT 1 FROM alkblobs.entries e JOIN alkblobs.pools p ON p.id = e.pool
+              WHERE p.name = $1 AND e.key = $2 FOR UPDATE OF e",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+        let w = connect().await;
+        w.batch_execute(&format!("BEGIN ISOLATION LEVEL {iso}; SELECT 1"))
+            .await
+            .unwrap();
+        let w_pid = pid(&w).await;
+        let (p2, k2, o2, v2, ov2) = (
+            pool.clone(),
+            k.clone(),
+            other.clone(),
+            v.clone(),
+            ov.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let r = w
+                .query_one(
+                    "SELECT alkblobs_put_many($1, ARRAY[$2::bytea, $3::bytea], ARRAY[$4::bytea, $5::bytea], 'node')",
+                    &[&p2, &k2, &o2, &v2, &ov2],
+                )
+                .await
+                .map(|r| r.get::<_, Vec<bool>>(0))
+                .map_err(|e| sqlstate(&e));
+            let c = w.batch_execute("COMMIT").await.map_err(|e| sqlstate(&e));
+            (r, c)
+        });
+        assert!(
+            waits_on_lock(&obs, w_pid).await,
+            "{iso}: put_many did not wait for the executor"
+        );
+        ex.execute(
+            "DELETE FROM alkblobs.entries e USING alkblobs.pools p WHERE p.id = e.pool AND p.name = $1 AND e.key = $2",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+        ex.batch_execute("COMMIT").await.unwrap();
+        let (r, c) = task.await.unwrap();
+        match r {
+            Ok(created) => {
+                assert_eq!(c, Ok(()), "{iso}");
+                assert_eq!(created, vec![true, true], "{iso}: the key was put afresh");
+                assert!(
+                    alkblobs_tests::pg::exists(&obs, &pool, &k).await,
+                    "{iso}: reported stored, entry gone"
+                );
+            }
+            Err(code) => assert_eq!(code, "40001", "{iso}"),
+        }
+    }
+}
