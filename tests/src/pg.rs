@@ -230,3 +230,8 @@ pub async fn publish_file(c: &Client, pool: &str, key: &[u8], owner: &str) {
         .expect("alkblobs_local_published");
     assert_eq!(marked.len(), 1, "the file's record vanished");
 }
+
+/// A table name for `pool` with `suffix` (pool names may hold `-.:`).
+pub fn table_name(pool: &str, suffix: &str) -> String {
+    format!("{}_{suffix}", pool.replace(['-', '.', ':'], "_"))
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use alkblobs_tests::pg::{
     connect, connect_as, garbage, key, login_role, pid, pool, publish_file, put, sqlstate,
-    waits_on_lock,
+    table_name, waits_on_lock,
 };
 use tokio_postgres::Client;
 
@@ -21,10 +21,6 @@ async fn try_sweep(c: &Client, pool: &str) -> Result<(i64, Option<String>), Stri
         .await
         .map(|r| (r.get(0), r.get(1)))
         .map_err(|e| format!("{} {e:?}", sqlstate(&e)))
-}
-
-fn table_name(pool: &str, suffix: &str) -> String {
-    format!("{}_{suffix}", pool.replace(['-', '.', ':'], "_"))
 }
 
 async fn register(c: &Client, pool: &str, table: &str) -> Result<(), String> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use alkblobs_tests::pg::{
     connect, connect_as, exists, garbage, grant_pool, key, login_role, pid, pool, put, sqlstate,
-    waits_on_lock,
+    table_name, waits_on_lock,
 };
 use tokio_postgres::Client;
 
@@ -37,10 +37,6 @@ async fn lo_create(c: &Client, pool: &str) -> u32 {
         c.query_one("SELECT alkblobs_lo_create()", &[]).await
     };
     row.unwrap().get(0)
-}
-
-fn table_name(pool: &str, suffix: &str) -> String {
-    format!("{}_{suffix}", pool.replace(['-', '.', ':'], "_"))
 }
 
 async fn register(c: &Client, pool: &str, table: &str) {

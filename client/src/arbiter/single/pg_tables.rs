@@ -73,6 +73,37 @@ impl PgGcTables {
             .collect()
     }
 
+    /// Roots with key > `after`, at most `limit`; only those among `among`
+    /// if given (`alkblobs_single_roots`).
+    async fn roots_page(
+        &self,
+        after: Option<Key>,
+        limit: usize,
+        among: Option<&[Key]>,
+    ) -> Result<Vec<Key>> {
+        let me = self.display();
+        let after = after.map(|k| k.as_bytes().to_vec());
+        let lim = limit.clamp(1, 100_000) as i32;
+        let among = among.map(PgGcTables::keys);
+        let rows = self
+            .pg
+            .rows(
+                &me,
+                None,
+                "SELECT k FROM alkblobs_single_roots($1, $2, $3, $4) k",
+                &[
+                    (&self.pg.name(), Type::TEXT),
+                    (&after, Type::BYTEA),
+                    (&lim, Type::INT4),
+                    (&among, Type::BYTEA_ARRAY),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Key::from_slice(&r.get::<_, Vec<u8>>(0)).map_err(|e| Error::engine(&me, e)))
+            .collect()
+    }
+
     fn keys(keys: &[Key]) -> Vec<Vec<u8>> {
         keys.iter().map(|k| k.as_bytes().to_vec()).collect()
     }
@@ -174,57 +205,14 @@ impl GcTables for PgGcTables {
     }
 
     async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>> {
-        let me = self.display();
-        let after = after.map(|k| k.as_bytes().to_vec());
-        let lim = limit.clamp(1, 100_000) as i32;
-        let none: Option<Vec<Vec<u8>>> = None;
-        let rows = self
-            .pg
-            .rows(
-                &me,
-                None,
-                "SELECT k FROM alkblobs_single_roots($1, $2, $3, $4) k",
-                &[
-                    (&self.pg.name(), Type::TEXT),
-                    (&after, Type::BYTEA),
-                    (&lim, Type::INT4),
-                    (&none, Type::BYTEA_ARRAY),
-                ],
-            )
-            .await?;
-        rows.iter()
-            .map(|r| Key::from_slice(&r.get::<_, Vec<u8>>(0)).map_err(|e| Error::engine(&me, e)))
-            .collect()
+        self.roots_page(after, limit, None).await
     }
 
     async fn roots_contain(&self, keys: &[Key]) -> Result<Vec<bool>> {
-        let me = self.display();
         let mut found = std::collections::HashSet::new();
         for chunk in keys.chunks(10_000) {
-            let arr = Some(PgGcTables::keys(chunk));
-            let none: Option<Vec<u8>> = None;
-            let lim = 100_000i32;
-            let rows = self
-                .pg
-                .rows(
-                    &me,
-                    None,
-                    "SELECT k FROM alkblobs_single_roots($1, $2, $3, $4) k",
-                    &[
-                        (&self.pg.name(), Type::TEXT),
-                        (&none, Type::BYTEA),
-                        (&lim, Type::INT4),
-                        (&arr, Type::BYTEA_ARRAY),
-                    ],
-                )
-                .await?;
-            for r in rows {
-                found.insert(r.get::<_, Vec<u8>>(0));
-            }
+            found.extend(self.roots_page(None, 100_000, Some(chunk)).await?);
         }
-        Ok(keys
-            .iter()
-            .map(|k| found.contains(k.as_bytes().as_slice()))
-            .collect())
+        Ok(keys.iter().map(|k| found.contains(k)).collect())
     }
 }
