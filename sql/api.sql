@@ -155,6 +155,16 @@ BEGIN
     END IF;
 END $$;
 
+-- At most n elements in a key array argument (bounded work per call).
+CREATE FUNCTION alkblobs.max_keys(ks bytea[], n integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF cardinality(ks) > n THEN
+        RAISE EXCEPTION 'at most % keys per call, got %', n, cardinality(ks) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
 CREATE FUNCTION alkblobs.not_null(v anyelement, what text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -626,6 +636,10 @@ BEGIN
         RAISE EXCEPTION 'key, value and owner must not be NULL (owner may be NULL only in single-instance pools)'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    IF $4 IS NOT NULL AND pl.mode = 'single' THEN
+        -- Its owning instance pins in memory; a pin row would protect nothing.
+        PERFORM alkblobs.require_mode(pl, 'fleet', 'a put with an owner (a pin row)');
+    END IF;
     IF length($2) <> 32 THEN
         PERFORM alkblobs.check_key($2);
     END IF;
@@ -684,6 +698,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
 BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_pin');
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
     -- Waits out an executor deciding this key; false if it is gone.
@@ -757,6 +772,7 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
     any_role boolean := alkblobs.may(pl, 'admin');
 BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_unpin');
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
     DELETE FROM alkblobs.pins pn
@@ -777,6 +793,7 @@ DECLARE
     me oid := alkblobs.caller();
     n bigint;
 BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_renew');
     PERFORM alkblobs.check_owner($2);
     UPDATE alkblobs.pins pn
        SET expires_at = clock_timestamp() + pl.pin_ttl
@@ -796,6 +813,7 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
     me oid := alkblobs.caller();
 BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_pins_held');
     PERFORM alkblobs.check_owner($2);
     PERFORM alkblobs.not_null($3, 'keys');
     RETURN QUERY
@@ -816,6 +834,7 @@ DECLARE
     any_role boolean := alkblobs.may(pl, 'admin');
     n bigint;
 BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_unpin_all');
     PERFORM alkblobs.check_owner($2);
     DELETE FROM alkblobs.pins pn
      WHERE pn.pool = pl.id AND pn.owner = $2 AND (any_role OR pn.role = alkblobs.caller());
@@ -908,6 +927,10 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     ELSIF $4 IS NOT NULL THEN
         PERFORM alkblobs.check_owner($4);
+        PERFORM alkblobs.require_mode(pl, 'fleet', 'a put with an owner (a pin row)');
+    END IF;
+    IF array_ndims($2) <> 1 OR array_lower($2, 1) <> 1 OR array_ndims($3) <> 1 OR array_lower($3, 1) <> 1 THEN
+        RAISE EXCEPTION 'keys and vals must be one-dimensional arrays starting at 1' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF EXISTS (SELECT 1 FROM unnest($2, $3) u(k, v) WHERE u.k IS NULL OR u.v IS NULL) THEN
         RAISE EXCEPTION 'keys and values must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -929,7 +952,7 @@ BEGIN
         ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING
         RETURNING key)
     SELECT coalesce(array_agg(ins.key), '{}') INTO created FROM ins;
-    others := ARRAY(SELECT DISTINCT k FROM unnest($2) k WHERE NOT (k = ANY(created)) ORDER BY 1);
+    others := ARRAY(SELECT unnest($2) EXCEPT SELECT unnest(created) ORDER BY 1);
     -- Present: DO NOTHING did not wait for an executor deleting them; this
     -- lock does, and finds only what survived.
     SELECT coalesce(array_agg(x.key), '{}') INTO present FROM (
@@ -937,11 +960,14 @@ BEGIN
          ORDER BY e.key FOR KEY SHARE) x;
     -- A re-put restarts the window (and in a local-tier pool a new entry
     -- may replace a staged file of the same key).
-    DELETE FROM alkblobs.staged s
-     WHERE s.pool = pl.id AND (s.key = ANY(present) OR (pl.large_tier = 'local' AND s.key = ANY(created)));
+    DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(present);
+    IF pl.large_tier = 'local' THEN
+        DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(created);
+    END IF;
     -- Deleted while we waited: put afresh, one by one (rare).
     FOR i IN SELECT min(u.i) FROM unnest($2) WITH ORDINALITY u(k, i)
-              WHERE u.k = ANY(others) AND NOT (u.k = ANY(present)) GROUP BY u.k ORDER BY 1 LOOP
+              JOIN (SELECT unnest(others) EXCEPT SELECT unnest(present)) g(k) ON g.k = u.k
+              GROUP BY u.k ORDER BY 1 LOOP
         IF @extschema@.alkblobs_put($1, $2[i], $3[i], $4) THEN
             created := created || $2[i];
         END IF;
@@ -952,8 +978,10 @@ BEGIN
         ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
     END IF;
     RETURN ARRAY(
-        SELECT u.k = ANY(created) AND u.i = min(u.i) OVER (PARTITION BY u.k)
-          FROM unnest($2) WITH ORDINALITY u(k, i) ORDER BY u.i);
+        SELECT c.k IS NOT NULL AND u.i = min(u.i) OVER (PARTITION BY u.k)
+          FROM unnest($2) WITH ORDINALITY u(k, i)
+          LEFT JOIN (SELECT DISTINCT unnest(created)) c(k) ON c.k = u.k
+         ORDER BY u.i);
 END $$;
 
 -- Single-instance pools (pools.mode = 'single') ------------------------------------
@@ -1005,6 +1033,7 @@ DECLARE
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_stage');
     PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.max_keys($2, 10000);
     PERFORM alkblobs.not_null($3, 'now_ms');
     IF EXISTS (SELECT 1 FROM unnest($2) k WHERE k IS NULL OR length(k) <> 32) THEN
         RAISE EXCEPTION 'every key is 32 bytes (a BLAKE3 hash)' USING ERRCODE = 'invalid_parameter_value';
@@ -1075,6 +1104,7 @@ DECLARE
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_unstage');
     PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.max_keys($2, 10000);
     DELETE FROM alkblobs.single_staged s WHERE s.pool = pl.id AND s.key = ANY($2);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
@@ -1092,6 +1122,11 @@ BEGIN
     PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_roots_set');
     PERFORM alkblobs.not_null($2, 'keys');
     PERFORM alkblobs.not_null($3, 'present');
+    PERFORM alkblobs.max_keys($2, 10000);
+    IF NOT $3 THEN
+        -- Removing roots lets the owner's sweep collect them: sweep access.
+        PERFORM alkblobs.pool($1, 'sweep');
+    END IF;
     IF EXISTS (SELECT 1 FROM unnest($2) k WHERE k IS NULL OR length(k) <> 32) THEN
         RAISE EXCEPTION 'every key is 32 bytes (a BLAKE3 hash)' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1116,6 +1151,9 @@ DECLARE
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'single', 'alkblobs_single_roots');
     PERFORM alkblobs.not_null($3, 'lim');
+    IF $4 IS NOT NULL THEN
+        PERFORM alkblobs.max_keys($4, 10000);
+    END IF;
     IF $3 < 1 OR $3 > 100000 THEN
         RAISE EXCEPTION 'lim must be between 1 and 100000, got %', $3 USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1203,6 +1241,7 @@ BEGIN
     PERFORM alkblobs.not_null($3, 'loid');
     IF $4 IS NOT NULL OR pl.mode <> 'single' THEN
         PERFORM alkblobs.check_owner($4);
+        PERFORM alkblobs.require_mode(pl, 'fleet', 'a put with an owner (a pin row)');
     END IF;
     u := alkblobs.my_upload($3);
     IF u.pool <> pl.id THEN
@@ -1443,11 +1482,12 @@ BEGIN
      WHERE NOT l.forward_refs AND l.pending IS DISTINCT FROM 'recheck'
        AND l.relid IN (
            SELECT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
-            WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0
+            WHERE d.classid = 'pg_catalog.pg_class'::regclass
            UNION
            SELECT a.relid FROM pg_catalog.pg_event_trigger_ddl_commands() d,
                   LATERAL pg_catalog.pg_partition_ancestors(d.objid) a
-            WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0);
+            WHERE d.classid = 'pg_catalog.pg_class'::regclass);
+    -- (Every subcommand counts: RENAME COLUMN reports the column number.)
 END $$;
 
 CREATE EVENT TRIGGER alkblobs_liveness_ddl ON ddl_command_end

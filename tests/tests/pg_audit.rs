@@ -820,6 +820,19 @@ async fn the_extension_reads_the_column_the_guard_checks() {
     ))
     .await
     .unwrap();
+    let pending: Option<String> = c
+        .query_one(
+            "SELECT l.pending FROM alkblobs.liveness l WHERE l.relid = $1::text::regclass",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        pending.as_deref(),
+        Some("recheck"),
+        "RENAME COLUMN went unnoticed"
+    );
     c.execute(&format!("INSERT INTO {t} (key) VALUES ($1)"), &[&new])
         .await
         .unwrap();

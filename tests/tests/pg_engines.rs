@@ -190,6 +190,15 @@ async fn staged_rows_survive_a_restart_and_the_extension_keeps_out() {
         row.get::<_, Option<String>>(0).as_deref(),
         Some("single_instance_pool")
     );
+    // Pin rows would protect nothing in a pool its instance sweeps: refused.
+    let e = c
+        .query_one(
+            "SELECT alkblobs_pin($1, alkblobs_key('x'), 'someone')",
+            &[&pool],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "22023", "{e}");
 
     let store = Store::open_postgres(PostgresOptions::new(url(), &pool).threshold(1024))
         .await
