@@ -99,6 +99,22 @@ BEGIN
     RETURN r;
 END $$;
 
+-- Pools are never deleted: entries and pins name their pool without a
+-- foreign key (its per-row check was the largest cost of a batch put), so
+-- a deleted pool would orphan them.
+CREATE FUNCTION alkblobs.refuse_pool_delete() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'alkblobs pools are never deleted'
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'Unregister its liveness tables and sweep it to empty it; the pool row stays.';
+END $$;
+CREATE OR REPLACE TRIGGER refuse_pool_delete BEFORE DELETE ON alkblobs.pools
+    FOR EACH ROW EXECUTE FUNCTION alkblobs.refuse_pool_delete();
+CREATE OR REPLACE TRIGGER refuse_pool_truncate BEFORE TRUNCATE ON alkblobs.pools
+    FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.refuse_pool_delete();
+
 -- The executor's re-check and the validation of registered tables read
 -- the catalog and the pins as of each statement: only READ COMMITTED gives
 -- that (docs/design.md §4, "Isolation levels").
@@ -628,9 +644,14 @@ DECLARE
     me oid;
     actual bytea;
 BEGIN
-    SELECT * INTO pl FROM alkblobs.pools p WHERE p.name = $1;
-    IF NOT FOUND OR NOT alkblobs.may(pl, 'write') THEN
-        PERFORM alkblobs.pool($1, 'write');  -- raises the unknown-pool or no-access error
+    -- alkblobs.may's rules for 'write', inline.
+    SELECT * INTO pl FROM alkblobs.pools p WHERE p.name = $1
+       AND (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
+            OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
+                        WHERE g.pool = p.id AND g.access IN ('write', 'admin')
+                          AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')));
+    IF NOT FOUND THEN
+        pl := alkblobs.pool($1, 'write');  -- raises the unknown-pool or no-access error
     END IF;
     IF $2 IS NULL OR $3 IS NULL OR ($4 IS NULL AND pl.mode <> 'single') THEN
         RAISE EXCEPTION 'key, value and owner must not be NULL (owner may be NULL only in single-instance pools)'
@@ -651,7 +672,9 @@ BEGIN
         RAISE EXCEPTION 'hash mismatch: the value hashes to %, not to the key %', encode(actual, 'hex'), encode($2, 'hex')
             USING ERRCODE = 'AB001', HINT = 'Nothing was stored. Re-fetch the content; the key is its BLAKE3 hash.';
     END IF;
-    me := alkblobs.caller();
+    IF $4 IS NOT NULL THEN
+        me := alkblobs.caller();
+    END IF;
     -- The entry row and the pin row commit together, or neither does.
     FOR attempt IN 1..5 LOOP
         INSERT INTO alkblobs.entries (pool, key, size, tier, value)
@@ -849,11 +872,22 @@ RETURNS bytea
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    pl alkblobs.pools := alkblobs.pool($1, 'read');
+    ok boolean;
     v bytea;
 BEGIN
+    -- The hot path: access and value in one statement (alkblobs.may's
+    -- rules for 'read', inline); anything else takes the checks that raise.
+    SELECT pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
+           OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
+                       WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')),
+           (SELECT e.value FROM alkblobs.entries e WHERE e.pool = p.id AND e.key = $2 AND e.tier = 'kv')
+      INTO ok, v
+      FROM alkblobs.pools p WHERE p.name = $1;
+    IF ok AND length($2) = 32 THEN
+        RETURN v;
+    END IF;
+    PERFORM alkblobs.pool($1, 'read');
     PERFORM alkblobs.check_key($2);
-    SELECT e.value INTO v FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'kv';
     RETURN v;
 END $$;
 
@@ -863,10 +897,20 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    pl alkblobs.pools := alkblobs.pool($1, 'read');
+    pid integer;
 BEGIN
-    PERFORM alkblobs.check_key($2);
-    RETURN QUERY SELECT e.size, e.tier, e.created_at FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2;
+    -- alkblobs.may's rules for 'read', inline (as in alkblobs_get).
+    SELECT p.id INTO pid FROM alkblobs.pools p WHERE p.name = $1
+       AND (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
+            OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
+                        WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')));
+    IF NOT FOUND THEN
+        pid := (alkblobs.pool($1, 'read')).id;
+    END IF;
+    IF length($2) IS DISTINCT FROM 32 THEN
+        PERFORM alkblobs.check_key($2);
+    END IF;
+    RETURN QUERY SELECT e.size, e.tier, e.created_at FROM alkblobs.entries e WHERE e.pool = pid AND e.key = $2;
 END $$;
 
 -- Entries of one tier ('kv' or 'lo', NULL: both) with key > after, in key
@@ -903,23 +947,33 @@ RETURNS boolean[]
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    pl alkblobs.pools := alkblobs.pool($1, 'write');
-    bad bigint;
+    pl alkblobs.pools;
+    n integer := coalesce(cardinality($2), 0);
+    bad integer;
     created bytea[];
     others bytea[];
     present bytea[];
     i integer;
 BEGIN
+    -- alkblobs.may's rules for 'write', inline (as in alkblobs_put).
+    SELECT * INTO pl FROM alkblobs.pools p WHERE p.name = $1
+       AND (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
+            OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
+                        WHERE g.pool = p.id AND g.access IN ('write', 'admin')
+                          AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')));
+    IF NOT FOUND THEN
+        pl := alkblobs.pool($1, 'write');  -- raises the unknown-pool or no-access error
+    END IF;
     PERFORM alkblobs.not_null($2, 'keys');
     PERFORM alkblobs.not_null($3, 'vals');
-    IF cardinality($2) <> cardinality($3) THEN
-        RAISE EXCEPTION 'keys and vals differ in length (% and %)', cardinality($2), cardinality($3)
+    IF n <> coalesce(cardinality($3), 0) THEN
+        RAISE EXCEPTION 'keys and vals differ in length (% and %)', n, coalesce(cardinality($3), 0)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF cardinality($2) > 10000 THEN
-        RAISE EXCEPTION 'at most 10000 values per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
+    IF n > 10000 THEN
+        RAISE EXCEPTION 'at most 10000 values per call, got %', n USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF coalesce(cardinality($2), 0) = 0 THEN
+    IF n = 0 THEN
         RETURN '{}';
     END IF;
     IF $4 IS NULL AND pl.mode <> 'single' THEN
@@ -932,50 +986,61 @@ BEGIN
     IF array_ndims($2) <> 1 OR array_lower($2, 1) <> 1 OR array_ndims($3) <> 1 OR array_lower($3, 1) <> 1 THEN
         RAISE EXCEPTION 'keys and vals must be one-dimensional arrays starting at 1' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest($2, $3) u(k, v) WHERE u.k IS NULL OR u.v IS NULL) THEN
-        RAISE EXCEPTION 'keys and values must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF EXISTS (SELECT 1 FROM unnest($2) k WHERE length(k) <> 32) THEN
-        RAISE EXCEPTION 'every key is 32 bytes (a BLAKE3 hash)' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    SELECT u.i INTO bad FROM unnest($2, $3) WITH ORDINALITY u(k, v, i) WHERE alkblobs.blake3(u.v) <> u.k ORDER BY u.i LIMIT 1;
+    -- Every pair checked in one pass (NULLs, key lengths, hashes); the
+    -- first bad one, if any, is diagnosed below.
+    bad := alkblobs.first_bad($2, $3);
     IF bad IS NOT NULL THEN
+        IF $2[bad] IS NULL OR $3[bad] IS NULL THEN
+            RAISE EXCEPTION 'keys and values must not be NULL (position %)', bad USING ERRCODE = 'null_value_not_allowed';
+        ELSIF length($2[bad]) <> 32 THEN
+            RAISE EXCEPTION 'every key is 32 bytes (a BLAKE3 hash); position % is %', bad, length($2[bad])
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
         RAISE EXCEPTION 'hash mismatch at position %: the value hashes to %, not to the key %', bad,
                         encode(alkblobs.blake3($3[bad]), 'hex'), encode($2[bad], 'hex')
             USING ERRCODE = 'AB001', HINT = 'Nothing was stored. Re-fetch the content; the key is its BLAKE3 hash.';
     END IF;
     WITH ins AS (
         INSERT INTO alkblobs.entries (pool, key, size, tier, value)
-        SELECT pl.id, d.k, length(d.v), 'kv', d.v
-          FROM (SELECT DISTINCT ON (u.k) u.k, u.v FROM unnest($2, $3) u(k, v) ORDER BY u.k) d
-         ORDER BY d.k
+        SELECT pl.id, u.k, length(u.v), 'kv', u.v FROM unnest($2, $3) u(k, v)
+         ORDER BY u.k  -- a key repeated in the batch conflicts with its first copy
         ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING
         RETURNING key)
     SELECT coalesce(array_agg(ins.key), '{}') INTO created FROM ins;
-    others := ARRAY(SELECT unnest($2) EXCEPT SELECT unnest(created) ORDER BY 1);
-    -- Present: DO NOTHING did not wait for an executor deleting them; this
-    -- lock does, and finds only what survived.
-    SELECT coalesce(array_agg(x.key), '{}') INTO present FROM (
-        SELECT e.key FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = ANY(others)
-         ORDER BY e.key FOR KEY SHARE) x;
-    -- A re-put restarts the window (and in a local-tier pool a new entry
-    -- may replace a staged file of the same key).
-    DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(present);
+    IF cardinality(created) < n THEN
+        others := ARRAY(SELECT unnest($2) EXCEPT SELECT unnest(created) ORDER BY 1);
+    ELSE
+        others := '{}';  -- every key created: no duplicates, nothing present
+    END IF;
+    IF cardinality(others) > 0 THEN
+        -- Present: DO NOTHING did not wait for an executor deleting them;
+        -- this lock does, and finds only what survived.
+        SELECT coalesce(array_agg(x.key), '{}') INTO present FROM (
+            SELECT e.key FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = ANY(others)
+             ORDER BY e.key FOR KEY SHARE) x;
+        -- A re-put restarts the window.
+        DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(present);
+        -- Deleted while we waited: put afresh, one by one (rare).
+        FOR i IN SELECT min(u.i) FROM unnest($2) WITH ORDINALITY u(k, i)
+                  JOIN (SELECT unnest(others) EXCEPT SELECT unnest(present)) g(k) ON g.k = u.k
+                  GROUP BY u.k ORDER BY 1 LOOP
+            IF @extschema@.alkblobs_put($1, $2[i], $3[i], $4) THEN
+                created := created || $2[i];
+            END IF;
+        END LOOP;
+    END IF;
+    -- In a local-tier pool a new entry may replace a staged file of the
+    -- same key: a put restarts its window.
     IF pl.large_tier = 'local' THEN
         DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(created);
     END IF;
-    -- Deleted while we waited: put afresh, one by one (rare).
-    FOR i IN SELECT min(u.i) FROM unnest($2) WITH ORDINALITY u(k, i)
-              JOIN (SELECT unnest(others) EXCEPT SELECT unnest(present)) g(k) ON g.k = u.k
-              GROUP BY u.k ORDER BY 1 LOOP
-        IF @extschema@.alkblobs_put($1, $2[i], $3[i], $4) THEN
-            created := created || $2[i];
-        END IF;
-    END LOOP;
     IF $4 IS NOT NULL THEN
         INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
         SELECT DISTINCT pl.id, k, alkblobs.caller(), $4, clock_timestamp() + pl.pin_ttl FROM unnest($2) k
         ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+    END IF;
+    IF cardinality(created) = n THEN
+        RETURN array_fill(true, ARRAY[n]);
     END IF;
     RETURN ARRAY(
         SELECT c.k IS NOT NULL AND u.i = min(u.i) OVER (PARTITION BY u.k)

@@ -76,7 +76,10 @@ CREATE TABLE alkblobs.pool_grants (
 -- Entries held in this database: kv values inline, large objects by oid
 -- (this table is the pg-lo tier's companion-table authority).
 CREATE TABLE alkblobs.entries (
-    pool       integer NOT NULL REFERENCES alkblobs.pools (id),
+    -- No foreign key to pools (nor in pins): on the put path its per-row
+    -- check cost more than the rest of a batch put; pools are never
+    -- deleted (alkblobs.refuse_pool_delete).
+    pool       integer NOT NULL,
     key        bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
     size       bigint NOT NULL CHECK (size >= 0),
     tier       text NOT NULL CHECK (tier IN ('kv', 'lo')),
@@ -93,7 +96,7 @@ CREATE TABLE alkblobs.entries (
 -- role that made the pin and owner the caller's store-instance id. Only
 -- un-expired pins protect.
 CREATE TABLE alkblobs.pins (
-    pool       integer NOT NULL REFERENCES alkblobs.pools (id),
+    pool       integer NOT NULL,
     key        bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
     role       oid NOT NULL,
     owner      text NOT NULL CONSTRAINT owner_format CHECK (length(owner) BETWEEN 1 AND 200),

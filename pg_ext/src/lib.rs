@@ -17,6 +17,7 @@ pgrx::extension_sql_file!(
     requires = [
         "bootstrap",
         alkblobs::blake3,
+        alkblobs::first_bad,
         alkblobs::lo_blake3,
         alkblobs::lock_for_sweep
     ]
@@ -43,6 +44,27 @@ mod alkblobs {
     #[pg_extern(immutable, parallel_safe, strict)]
     fn blake3(value: &[u8]) -> Vec<u8> {
         ::blake3::hash(value).as_bytes().to_vec()
+    }
+
+    /// The 1-based position of the first pair of a batch that is not a
+    /// valid put: a NULL key or value, a key that is not 32 bytes, or a
+    /// value that does not hash to its key. NULL when every pair is valid.
+    /// Extra elements of the longer array are problems too. One pass in
+    /// Rust: the batch put's checks cost ~1 µs per 1 KiB value here, not
+    /// three `unnest` scans.
+    #[pg_extern(immutable, parallel_safe, strict)]
+    fn first_bad(keys: Array<'_, &[u8]>, vals: Array<'_, &[u8]>) -> Option<i32> {
+        let (mut ks, mut vs) = (keys.iter(), vals.iter());
+        let mut i = 0i32;
+        loop {
+            i += 1;
+            match (ks.next(), vs.next()) {
+                (None, None) => return None,
+                (Some(Some(k)), Some(Some(v)))
+                    if k.len() == 32 && ::blake3::hash(v).as_bytes() == k => {}
+                _ => return Some(i),
+            }
+        }
     }
 
     /// Locks relation `rel` IN SHARE UPDATE EXCLUSIVE MODE by OID, for the

@@ -459,3 +459,54 @@ async fn killed_writer_processes_leave_nothing_torn() {
         "a killed upload left a large object"
     );
 }
+
+/// A streaming `pg-lo` read spans two connections (the second imports the
+/// first's snapshot and reads every other window): the object deleted and
+/// its large object unlinked after the read began does not tear the read,
+/// whichever connection reads a window. With a pool of one connection the
+/// read goes on alone and returns the same bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_read_keeps_one_snapshot_across_its_connections() {
+    use alkblobs::backend::LargeBackend;
+    use tokio::io::AsyncReadExt;
+    let c = connect().await;
+    let big: Vec<u8> = (0..48u32 << 20).map(|i| (i % 253) as u8).collect();
+    let key = alkblobs::Key::of(&big);
+    for max in [4usize, 1] {
+        let pool = single_pool("lo-snap", "pg-lo").await;
+        let pg = PgPool::connect(&PgOptions::new(store_url(), &pool).max_connections(max))
+            .await
+            .unwrap()
+            .0;
+        let lo = PgLoBackend::new(pg);
+        let mut w = lo.begin_write().await.unwrap();
+        for chunk in big.chunks(MIB) {
+            w.write(bytes::Bytes::copy_from_slice(chunk)).await.unwrap();
+        }
+        w.commit(&key).await.unwrap();
+        let mut r = lo.open_read(&key).await.unwrap().expect("just put");
+        let mut got = vec![0u8; MIB];
+        r.read_exact(&mut got).await.unwrap();
+        // Deleted (entry and large object) and committed, mid-read.
+        let gone: i64 = c
+            .query_one(
+                "SELECT count(*) FROM alkblobs_delete($1, ARRAY[$2::bytea])",
+                &[&pool, &key.as_bytes().as_slice()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(gone, 1);
+        r.read_to_end(&mut got).await.unwrap();
+        assert_eq!(
+            got.len(),
+            big.len(),
+            "pool of {max}: the read was cut short"
+        );
+        assert!(got == big, "pool of {max}: the read returned other bytes");
+        assert!(
+            lo.open_read(&key).await.unwrap().is_none(),
+            "a new read sees the deletion"
+        );
+    }
+}

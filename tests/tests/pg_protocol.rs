@@ -288,7 +288,7 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(v, "0.4.0", "UPDATE goes to the default version");
+    assert_eq!(v, "0.5.0", "UPDATE goes to the default version");
     let pools: i64 = c
         .query_one("SELECT count(*) FROM alkblobs_pools", &[])
         .await

@@ -31,7 +31,7 @@ use super::{Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, S
 use crate::{Error, Key, Result};
 
 /// The extension version this client speaks.
-pub const EXTENSION_VERSION: &str = "0.4.0";
+pub const EXTENSION_VERSION: &str = "0.5.0";
 
 /// How many times a call the database refused as a retryable conflict
 /// (40001, 40P01) is tried before the error is returned.
@@ -747,6 +747,37 @@ impl PgLoBackend {
     }
 }
 
+impl PgLoBackend {
+    /// A second connection in `c`'s snapshot (`pg_export_snapshot` /
+    /// `SET TRANSACTION SNAPSHOT`), or None when the pool has none to spare
+    /// within a moment or the import fails: the read goes on with `c` alone.
+    async fn shared_snapshot(&self, c: &Object) -> Option<Object> {
+        let id: String = c
+            .query_typed_one("SELECT pg_catalog.pg_export_snapshot()", &[])
+            .await
+            .ok()?
+            .get(0);
+        let c2 = tokio::time::timeout(Duration::from_millis(20), self.pg.inner.pool.get())
+            .await
+            .ok()?
+            .ok()?;
+        // The id is PostgreSQL's own (hex digits and dashes); quoted anyway.
+        let quoted = id.replace('\'', "''");
+        match c2
+            .batch_execute(&format!(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{quoted}'"
+            ))
+            .await
+        {
+            Ok(()) => Some(c2),
+            Err(_) => {
+                let _ = finish(c2, "ROLLBACK").await;
+                None
+            }
+        }
+    }
+}
+
 impl fmt::Display for PgLoBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "pg-lo({})", self.pg)
@@ -888,41 +919,55 @@ impl LargeBackend for PgLoBackend {
             let _ = finish(c, "COMMIT").await;
             return Ok(None);
         };
+        // More than one window: a second connection in the same snapshot
+        // reads every other window (one backend reads and sends a window
+        // while the other does the next), if the pool has one to spare.
+        let mut conns = vec![c];
+        if first.len() == WINDOW
+            && let Some(c2) = self.shared_snapshot(&conns[0]).await
+        {
+            conns.push(c2);
+        }
         let engine = self.clone();
         let key = *key;
         let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
         tokio::spawn(async move {
-            // Each window is fetched while the one before it is handed on
-            // (the query is in flight while the reader consumes).
             let mut offset = first.len() as u64;
             let mut more = first.len() == WINDOW;
-            let mut current = first;
-            loop {
-                if !more {
-                    let _ = tx.send(Ok(current)).await;
-                    break;
+            // Windows in flight, in order: two per connection (each
+            // connection pipelines its queries). Reading past the end
+            // returns an empty window, which is ignored.
+            let mut inflight = futures::stream::FuturesOrdered::new();
+            let mut issued = 0usize;
+            let depth = 2 * conns.len();
+            if tx.send(Ok(first)).await.is_err() {
+                more = false;
+            }
+            while more {
+                while inflight.len() < depth {
+                    let c = &conns[issued % conns.len()];
+                    inflight.push_back(engine.window(c, &key, offset, WINDOW));
+                    offset += WINDOW as u64;
+                    issued += 1;
                 }
-                let (sent, next) = tokio::join!(
-                    tx.send(Ok(current)),
-                    engine.window(&c, &key, offset, WINDOW)
-                );
-                if sent.is_err() {
-                    break;
-                }
-                match next {
-                    Ok(Some(w)) if !w.is_empty() => {
+                match inflight.next().await {
+                    Some(Ok(Some(w))) if !w.is_empty() => {
                         more = w.len() == WINDOW;
-                        offset += w.len() as u64;
-                        current = w;
+                        if tx.send(Ok(w)).await.is_err() {
+                            break;
+                        }
                     }
-                    Ok(_) => break,
-                    Err(e) => {
+                    Some(Ok(_)) | None => break,
+                    Some(Err(e)) => {
                         let _ = tx.send(Err(std::io::Error::other(e))).await;
                         break;
                     }
                 }
             }
-            let _ = finish(c, "COMMIT").await;
+            drop(inflight);
+            for c in conns {
+                let _ = finish(c, "COMMIT").await;
+            }
         });
         let stream = tokio_stream_from(rx);
         Ok(Some(Box::pin(tokio_util::io::StreamReader::new(stream))))

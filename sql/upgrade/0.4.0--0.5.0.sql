@@ -1,0 +1,20 @@
+-- alkblobs 0.4.0 -> 0.5.0: the client engines' hot paths (issue 9).
+--
+-- What an existing install receives:
+-- * alkblobs_get, alkblobs_stat, alkblobs_put and alkblobs_put_many check
+--   the caller's access in the statement that reads the pool (the rules of
+--   alkblobs.may, inline) instead of through nested SECURITY DEFINER calls;
+-- * alkblobs_put_many checks a batch in one pass of a Rust function
+--   (alkblobs.first_bad) and skips its present-key statements when every
+--   key was new;
+-- * entries and pins no longer carry a foreign key to pools (its per-row
+--   check was the largest cost of a batch put); pools refuse DELETE and
+--   TRUNCATE instead (they were never deleted by the API).
+
+-- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
+CREATE FUNCTION alkblobs."first_bad"("keys" bytea[], "vals" bytea[]) RETURNS integer
+IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'first_bad_wrapper';
+
+-- Schema delta.
+ALTER TABLE alkblobs.entries DROP CONSTRAINT entries_pool_fkey;
+ALTER TABLE alkblobs.pins DROP CONSTRAINT pins_pool_fkey;
