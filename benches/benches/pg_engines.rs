@@ -58,9 +58,19 @@ fn main() {
          CREATE TABLE {raw} (k bytea PRIMARY KEY, v bytea NOT NULL);"
     )))
     .unwrap();
+    // Both sides on the same transport: the raw client connects without
+    // TLS, so the engine does too unless the URL says otherwise.
+    let engine_url = if url.contains("sslmode") {
+        url.clone()
+    } else {
+        format!(
+            "{url}{}sslmode=disable",
+            if url.contains('?') { '&' } else { '?' }
+        )
+    };
     let pg = rt
         .block_on(PgPool::connect(
-            &PgOptions::new(&url, &pool).max_connections(16),
+            &PgOptions::new(&engine_url, &pool).max_connections(16),
         ))
         .unwrap()
         .0;
