@@ -13,7 +13,13 @@
 --   key was new;
 -- * entries and pins no longer carry a foreign key to pools (its per-row
 --   check was the largest cost of a batch put); pools refuse DELETE and
---   TRUNCATE instead (they were never deleted by the API).
+--   TRUNCATE instead (they were never deleted by the API);
+-- * alkblobs_unpin_many(pool, owner, keys) releases a store instance's pins
+--   on many keys in one statement (granted to alkblobs_writer);
+-- * alkblobs_pin pins a published file of a local-tier pool too (it
+--   returned false for every key that was not an entry);
+-- * the alkblobs_pools view shows each pool's id (pool_id, the object id of
+--   its advisory locks).
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."first_bad"("keys" bytea[], "vals" bytea[]) RETURNS integer
@@ -751,8 +757,11 @@ BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_pin');
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
-    -- Waits out an executor deciding this key; false if it is gone.
-    IF NOT alkblobs.lock_entry(pl.id, $2) THEN
+    -- Waits out an executor (or a claim of a local-tier file) deciding this
+    -- key; false if it is gone. In a local-tier pool a published file is
+    -- held content too.
+    IF NOT alkblobs.lock_entry(pl.id, $2)
+       AND NOT (pl.large_tier = 'local' AND alkblobs.lock_file(pl.id, $2)) THEN
         RETURN false;
     END IF;
     PERFORM alkblobs.pin_row(pl, $2, $3);
@@ -871,6 +880,26 @@ BEGIN
          WHERE pn.pool = pl.id AND pn.role = me AND pn.owner = $2 AND pn.key = ANY($3)
            AND pn.expires_at > clock_timestamp()
          ORDER BY pn.key;
+END $$;
+
+-- Releases the caller's (role, owner) pins on `keys` in one statement (a
+-- store instance's guards dropping); at most 10,000 keys. Returns how many
+-- pin rows it deleted.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_unpin_many(pool text, owner text, keys bytea[])
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+    n bigint;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_unpin_many');
+    PERFORM alkblobs.check_owner($2);
+    PERFORM alkblobs.max_keys($3, 10000);
+    DELETE FROM alkblobs.pins pn
+     WHERE pn.pool = pl.id AND pn.role = alkblobs.caller() AND pn.owner = $2 AND pn.key = ANY($3);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
 END $$;
 
 -- Releases every pin of the caller's (role, owner); a pool admin releases
@@ -1063,7 +1092,8 @@ BEGIN
     END IF;
     IF $4 IS NOT NULL THEN
         INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-        SELECT DISTINCT pl.id, k, alkblobs.caller(), $4, clock_timestamp() + pl.pin_ttl FROM unnest($2) k
+        SELECT pl.id, u.k, alkblobs.caller(), $4, clock_timestamp() + pl.pin_ttl
+          FROM (SELECT DISTINCT unnest($2)) u(k)
         ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
     END IF;
     IF cardinality(created) = n THEN
@@ -2322,7 +2352,8 @@ END $$;
 -- the pool filter already let through, so it cannot see other pools' rows.
 CREATE OR REPLACE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
-       coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode
+       coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode,
+       p.id AS pool_id
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -2494,6 +2525,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_renew(text, text),
     @extschema@.alkblobs_pins_held(text, text, bytea[]),
     @extschema@.alkblobs_unpin_all(text, text),
+    @extschema@.alkblobs_unpin_many(text, text, bytea[]),
     @extschema@.alkblobs_lo_create(text),
     @extschema@.alkblobs_lo_write(oid, bigint, bytea),
     @extschema@.alkblobs_lo_commit(text, bytea, oid, text)

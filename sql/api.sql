@@ -724,8 +724,11 @@ BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_pin');
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
-    -- Waits out an executor deciding this key; false if it is gone.
-    IF NOT alkblobs.lock_entry(pl.id, $2) THEN
+    -- Waits out an executor (or a claim of a local-tier file) deciding this
+    -- key; false if it is gone. In a local-tier pool a published file is
+    -- held content too.
+    IF NOT alkblobs.lock_entry(pl.id, $2)
+       AND NOT (pl.large_tier = 'local' AND alkblobs.lock_file(pl.id, $2)) THEN
         RETURN false;
     END IF;
     PERFORM alkblobs.pin_row(pl, $2, $3);
@@ -844,6 +847,26 @@ BEGIN
          WHERE pn.pool = pl.id AND pn.role = me AND pn.owner = $2 AND pn.key = ANY($3)
            AND pn.expires_at > clock_timestamp()
          ORDER BY pn.key;
+END $$;
+
+-- Releases the caller's (role, owner) pins on `keys` in one statement (a
+-- store instance's guards dropping); at most 10,000 keys. Returns how many
+-- pin rows it deleted.
+CREATE FUNCTION @extschema@.alkblobs_unpin_many(pool text, owner text, keys bytea[])
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+    n bigint;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_unpin_many');
+    PERFORM alkblobs.check_owner($2);
+    PERFORM alkblobs.max_keys($3, 10000);
+    DELETE FROM alkblobs.pins pn
+     WHERE pn.pool = pl.id AND pn.role = alkblobs.caller() AND pn.owner = $2 AND pn.key = ANY($3);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
 END $$;
 
 -- Releases every pin of the caller's (role, owner); a pool admin releases
@@ -1036,7 +1059,8 @@ BEGIN
     END IF;
     IF $4 IS NOT NULL THEN
         INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-        SELECT DISTINCT pl.id, k, alkblobs.caller(), $4, clock_timestamp() + pl.pin_ttl FROM unnest($2) k
+        SELECT pl.id, u.k, alkblobs.caller(), $4, clock_timestamp() + pl.pin_ttl
+          FROM (SELECT DISTINCT unnest($2)) u(k)
         ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
     END IF;
     IF cardinality(created) = n THEN

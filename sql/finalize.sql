@@ -6,7 +6,8 @@
 -- the pool filter already let through, so it cannot see other pools' rows.
 CREATE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
-       coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode
+       coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode,
+       p.id AS pool_id
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -178,6 +179,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_renew(text, text),
     @extschema@.alkblobs_pins_held(text, text, bytea[]),
     @extschema@.alkblobs_unpin_all(text, text),
+    @extschema@.alkblobs_unpin_many(text, text, bytea[]),
     @extschema@.alkblobs_lo_create(text),
     @extschema@.alkblobs_lo_write(oid, bigint, bytea),
     @extschema@.alkblobs_lo_commit(text, bytea, oid, text)

@@ -137,6 +137,17 @@ pub enum Error {
         /// The key that was referenced.
         key: Key,
     },
+    /// A fleet store instance's pin lapsed before it was renewed (the
+    /// instance stalled past the pool's pin TTL, or lost the database):
+    /// nothing protected the content since, so it may have been collected.
+    /// Put it again (a re-put restores it byte for byte).
+    #[error(
+        "the pin on blob {key} lapsed before this instance renewed it (stalled or cut off past the pool's pin TTL); it may have been collected: put its content again"
+    )]
+    PinExpired {
+        /// The key whose pin lapsed.
+        key: Key,
+    },
     /// The database lacks the alkblobs extension, or has a version this
     /// client does not speak.
     #[error("{engine}: {detail}")]
@@ -245,7 +256,7 @@ impl Error {
             Error::InUse { .. } => ErrorKind::InUse,
             Error::Conflict { .. } => ErrorKind::Conflict,
             Error::Unavailable { .. } => ErrorKind::Unavailable,
-            Error::Collected { .. } => ErrorKind::Collected,
+            Error::Collected { .. } | Error::PinExpired { .. } => ErrorKind::Collected,
             Error::Engine { .. } => ErrorKind::Engine,
         }
     }

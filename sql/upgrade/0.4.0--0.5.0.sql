@@ -9,7 +9,13 @@
 --   key was new;
 -- * entries and pins no longer carry a foreign key to pools (its per-row
 --   check was the largest cost of a batch put); pools refuse DELETE and
---   TRUNCATE instead (they were never deleted by the API).
+--   TRUNCATE instead (they were never deleted by the API);
+-- * alkblobs_unpin_many(pool, owner, keys) releases a store instance's pins
+--   on many keys in one statement (granted to alkblobs_writer);
+-- * alkblobs_pin pins a published file of a local-tier pool too (it
+--   returned false for every key that was not an entry);
+-- * the alkblobs_pools view shows each pool's id (pool_id, the object id of
+--   its advisory locks).
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."first_bad"("keys" bytea[], "vals" bytea[]) RETURNS integer

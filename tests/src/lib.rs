@@ -65,3 +65,10 @@ pub mod proc {
 pub mod gc_support;
 #[cfg(feature = "pg")]
 pub mod pg;
+
+/// The blob of seed `seed` in the fleet race (sizes across both tiers at
+/// the default threshold: 100 B, 3 KB, 70 KB, 300 KB).
+pub fn fleet_value(seed: u64) -> Vec<u8> {
+    let size = [100, 3_000, 70_000, 300_000][(seed % 4) as usize];
+    data(seed, size)
+}

@@ -31,6 +31,8 @@ use crate::backend::{Backend, KeyStream, LargeBackend};
 use crate::store::Tier;
 use crate::{Key, Result};
 
+#[cfg(feature = "postgres")]
+pub mod fleet;
 mod guard;
 pub mod liveness;
 pub mod report;
@@ -132,13 +134,35 @@ pub trait Arbiter: Send + Sync + fmt::Debug {
     /// How far its pins and sweeps reach.
     fn scope(&self) -> Scope;
 
-    /// Pins `keys` before their content is published. Waits while any of
-    /// them is being deleted.
-    async fn pin(&self, keys: &[Key]) -> Result<PinGuard>;
+    /// Pins `keys` before an engine of `tier` publishes their content.
+    /// Waits while any of them is being deleted. (The tier matters to a
+    /// fleet over a shared `local` tier, whose file pins commit in the
+    /// database before the file is renamed into place; kv and `pg-lo` puts
+    /// commit their pin rows with their entries.)
+    async fn pin(&self, tier: Tier, keys: &[Key]) -> Result<PinGuard>;
 
     /// Pins an existing key: [`crate::Error::NotFound`] if the pool does not
     /// hold it (or it was collected before the pin took).
     async fn pin_existing(&self, pool: &Pool, key: &Key) -> Result<PinGuard>;
+
+    /// Checks that this instance's pins on `keys` still protect them, before
+    /// the store publishes under them or a holder relies on them:
+    /// [`crate::Error::PinExpired`] for a pin that lapsed (a fleet instance
+    /// that stalled past the pool's pin TTL). In-process pins cannot lapse.
+    async fn confirm(&self, keys: &[Key]) -> Result<()> {
+        let _ = keys;
+        Ok(())
+    }
+
+    /// Called right before an engine of `tier` publishes `keys` under the
+    /// pins [`Arbiter::pin`] took: an arbiter whose pins can lapse fails
+    /// with [`crate::Error::PinExpired`] instead of letting the store
+    /// publish under a lapsed pin (a fleet's shared `local` tier, whose pin
+    /// rows commit before the file is renamed into place).
+    async fn before_publish(&self, tier: Tier, keys: &[Key]) -> Result<()> {
+        let _ = (tier, keys);
+        Ok(())
+    }
 
     /// Called after an engine of `tier` published `keys` (new or already
     /// present): a put restarts each key's delete window.

@@ -207,6 +207,16 @@ pub struct SweepReport {
     pub bytes_freed: u64,
     /// Abandoned staging files removed.
     pub reclaimed: u64,
+    /// Expired pin rows reaped (fleet sweeps).
+    pub pins_reaped: u64,
+    /// Abandoned large-object uploads reclaimed (fleet sweeps).
+    pub uploads_reclaimed: u64,
+    /// Due rows passed over because someone held a lock on them; they stay
+    /// staged for the next sweep (fleet sweeps).
+    pub skipped: u64,
+    /// Due rows left for the next sweep (fleet sweeps stop after a bounded
+    /// number of calls' worth of work).
+    pub remaining: u64,
     /// Wall time of the sweep.
     #[serde(serialize_with = "secs")]
     pub duration: Duration,

@@ -73,6 +73,12 @@ pub struct LocalOptions {
     /// A staging file untouched for this long whose lock nobody holds is
     /// abandoned and reclaimed (default 15 minutes).
     pub staging_grace: Duration,
+    /// The directory is on media several fleet nodes share (the operator's
+    /// assertion: atomic rename, close-to-open consistency): a writable
+    /// open takes no instance lock (other nodes write here too, and no
+    /// cross-node file lock is relied on) and the engine reports
+    /// [`Sharing::Shared`], so only the fleet arbiter may sweep it.
+    pub shared_media: bool,
 }
 
 impl LocalOptions {
@@ -85,6 +91,13 @@ impl LocalOptions {
     /// Write, wait for the instance lock, or read-only.
     pub fn mode(mut self, mode: OpenMode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Declares the directory fleet-shared media (see
+    /// [`LocalOptions::shared_media`]).
+    pub fn shared_media(mut self, yes: bool) -> Self {
+        self.shared_media = yes;
         self
     }
 
@@ -102,6 +115,7 @@ impl Default for LocalOptions {
             durability: Durability::Durable,
             mode: OpenMode::Write,
             staging_grace: Duration::from_secs(15 * 60),
+            shared_media: false,
         }
     }
 }
@@ -148,6 +162,8 @@ struct Inner {
     opts: LocalOptions,
     /// The instance lock; taken out (released) by `close`.
     lock: std::sync::Mutex<Option<InstanceLock>>,
+    /// Set by `close` (on shared media, where there is no lock to release).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {
@@ -164,12 +180,14 @@ impl Inner {
     }
 
     fn check_writable(&self, action: &'static str) -> Result<()> {
-        let closed = self.opts.mode.writable()
-            && self
-                .lock
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_none();
+        let closed = self.closed.load(std::sync::atomic::Ordering::Acquire)
+            || (self.opts.mode.writable()
+                && !self.opts.shared_media
+                && self
+                    .lock
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_none());
         if closed {
             return Err(crate::Error::Closed);
         }
@@ -481,6 +499,7 @@ impl LocalBackend {
             display,
             opts,
             lock: std::sync::Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
         };
         if inner.opts.mode.writable() {
             for dir in [&inner.root, &inner.blobs, &inner.staging] {
@@ -491,12 +510,14 @@ impl LocalBackend {
                     })
                 })?;
             }
-            let lock = InstanceLock::acquire(
-                &inner.root.join("alkblobs.lock"),
-                inner.opts.mode.wait(),
-                &inner.display,
-            )?;
-            inner.lock = std::sync::Mutex::new(Some(lock));
+            if !inner.opts.shared_media {
+                let lock = InstanceLock::acquire(
+                    &inner.root.join("alkblobs.lock"),
+                    inner.opts.mode.wait(),
+                    &inner.display,
+                )?;
+                inner.lock = std::sync::Mutex::new(Some(lock));
+            }
             // All 256 shards up front: a put then never creates a directory.
             let mut created = false;
             for shard in all_shards() {
@@ -566,9 +587,13 @@ impl Backend for LocalBackend {
 
     fn sharing(&self) -> Sharing {
         // A writable open holds the root's instance lock; a read-only one
-        // deletes nothing. Shared media under a fleet is the fleet
-        // arbiter's declaration (the fleet-validity rule), not the engine's.
-        Sharing::Process
+        // deletes nothing. Shared media (the fleet-validity rule's
+        // declaration) is written by other nodes too.
+        if self.inner.opts.shared_media {
+            Sharing::Shared
+        } else {
+            Sharing::Process
+        }
     }
 
     async fn has(&self, key: &Key) -> Result<bool> {
@@ -691,6 +716,9 @@ impl Backend for LocalBackend {
 
     async fn close(&self) -> Result<()> {
         // Refuses later writes and lets another process take the root.
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
         self.inner
             .lock
             .lock()

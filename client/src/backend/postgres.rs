@@ -10,11 +10,13 @@
 //! one round trip): no named prepared statement outlives its transaction, so
 //! the engines also work through a transaction-mode connection pooler.
 //!
-//! Engines store and delete what they are told. Puts carry no pin
-//! (`owner => NULL`), which the extension accepts only in a single-instance
-//! pool (`alkblobs_create_pool(…, single_instance => true)`): there the
-//! store's in-process arbiter pins and sweeps. Fleet pools pin in the
-//! database and are swept by the extension (the fleet arbiter).
+//! Engines store and delete what they are told. In a single-instance pool
+//! (`alkblobs_create_pool(…, single_instance => true)`) puts carry no pin
+//! (`owner => NULL`): the store's in-process arbiter pins and sweeps. In a
+//! fleet pool every put carries the pin of its store instance
+//! ([`PgPool::pinning_for`]), so the entry row and the pin row commit in
+//! one transaction; the fleet arbiter renews and releases those rows and
+//! the extension sweeps.
 
 use std::fmt;
 use std::sync::Arc;
@@ -99,6 +101,9 @@ pub struct PoolInfo {
 #[derive(Clone)]
 pub struct PgPool {
     inner: Arc<PgInner>,
+    /// The store instance whose pin every put carries (fleet pools; see
+    /// [`PgPool::pinning_for`]), or none (single-instance pools).
+    owner: Option<Arc<str>>,
 }
 
 struct PgInner {
@@ -282,6 +287,7 @@ impl PgPool {
                 name: opts.pool.clone(),
                 display,
             }),
+            owner: None,
         })
     }
 
@@ -398,6 +404,22 @@ impl PgPool {
     /// The pool's name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The same connections, with every put of the engines built from the
+    /// result committing a pin row of store instance `owner` together with
+    /// its entry (`alkblobs_put(…, owner)`): a fleet pool's pin before
+    /// publish. The fleet arbiter renews and releases those rows.
+    pub fn pinning_for(&self, owner: &str) -> PgPool {
+        PgPool {
+            inner: self.inner.clone(),
+            owner: Some(owner.into()),
+        }
+    }
+
+    /// The instance whose pins puts carry, if any.
+    pub fn owner(&self) -> Option<&str> {
+        self.owner.as_deref()
     }
 
     pub(crate) async fn conn(&self) -> Result<Object> {
@@ -647,7 +669,7 @@ impl Backend for PostgresBackend {
                 .map(|(k, _)| k.as_bytes().to_vec())
                 .collect();
             let vals: Vec<&[u8]> = items[start..end].iter().map(|(_, v)| v.as_ref()).collect();
-            let owner: Option<&str> = None;
+            let owner = self.pg.owner();
             let rows = self
                 .pg
                 .rows(
@@ -1105,7 +1127,7 @@ impl StagedWrite for PgLoWrite<'_> {
             .take()
             .ok_or_else(|| Error::engine(self.engine, "upload already finished"))?;
         let k = key.as_bytes().to_vec();
-        let owner: Option<&str> = None;
+        let owner = self.engine.pg.owner();
         let created = c
             .query_typed_one(
                 "SELECT alkblobs_lo_commit($1, $2, $3, $4)",

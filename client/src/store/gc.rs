@@ -25,6 +25,17 @@ impl Store {
         self.inner.arbiter.pin_existing(&self.inner.pool, key).await
     }
 
+    /// Checks that `guard`'s pins still protect their keys. Always true for
+    /// in-process pins; a fleet instance that stalled past the pool's pin
+    /// TTL (its renewal could not run) gets [`crate::Error::PinExpired`]
+    /// for a lapsed pin: nothing protected the key since, so put the
+    /// content again before referencing it. Costs a round trip only when
+    /// the last renewal is older than half the TTL.
+    pub async fn confirm(&self, guard: &PinGuard) -> Result<()> {
+        self.check_open()?;
+        self.inner.arbiter.confirm(guard.keys()).await
+    }
+
     /// How many pins this instance holds on `key`.
     pub fn pin_count(&self, key: &Key) -> u32 {
         self.inner.arbiter.pin_count(key)

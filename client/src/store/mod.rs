@@ -24,6 +24,8 @@ use crate::{Error, Result};
 
 mod builder;
 mod dispatch;
+#[cfg(feature = "postgres")]
+pub mod fleet;
 mod gc;
 #[cfg(feature = "postgres")]
 pub mod postgres;

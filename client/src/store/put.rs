@@ -47,7 +47,8 @@ impl Store {
         let size = bytes.len() as u64;
         let tier = self.tier_checked(size)?;
         // Pin before publish: from here on no sweep can delete the key.
-        let pin = self.inner.arbiter.pin(&[key]).await?;
+        let pin = self.inner.arbiter.pin(tier, &[key]).await?;
+        self.inner.arbiter.before_publish(tier, &[key]).await?;
         let outcome = match tier {
             Tier::Kv => self.inner.pool.kv().put(&key, bytes).await?,
             Tier::Large => self.large_engine()?.put(&key, bytes).await?,
@@ -107,7 +108,11 @@ impl Store {
         key: Key,
         size: u64,
     ) -> Result<Put> {
-        let pin = self.inner.arbiter.pin(&[key]).await?;
+        let pin = self.inner.arbiter.pin(Tier::Large, &[key]).await?;
+        if let Err(e) = self.inner.arbiter.before_publish(Tier::Large, &[key]).await {
+            let _ = writer.abort().await;
+            return Err(e);
+        }
         let outcome = writer.commit(&key).await?;
         self.inner.arbiter.published(Tier::Large, &[key]).await?;
         tracing::debug!(%key, size, ?outcome, "large put");
@@ -162,8 +167,26 @@ impl Store {
                     outcome: PutOutcome::Created,
                 });
             }
-            let keys: Vec<Key> = entries.iter().map(|e| e.key).collect();
-            let pin = self.inner.arbiter.pin(&keys).await?;
+            let tier_keys = |t: Tier| -> Vec<Key> {
+                entries
+                    .iter()
+                    .filter(|e| e.tier == t)
+                    .map(|e| e.key)
+                    .collect()
+            };
+            let mut pin = self
+                .inner
+                .arbiter
+                .pin(Tier::Kv, &tier_keys(Tier::Kv))
+                .await?;
+            let large = tier_keys(Tier::Large);
+            if !large.is_empty() {
+                pin.merge(self.inner.arbiter.pin(Tier::Large, &large).await?);
+                self.inner
+                    .arbiter
+                    .before_publish(Tier::Large, &large)
+                    .await?;
+            }
             let kv_items: Vec<(Key, Bytes)> = entries
                 .iter()
                 .zip(&blobs)

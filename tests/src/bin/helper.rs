@@ -10,6 +10,15 @@
 //!   are staged and sealed, prints `sealed` and hangs until killed.
 //! - `pg-crash-puts URL POOL`: `crash-puts` on a single-instance PostgreSQL
 //!   pool (threshold 1 KiB: kv rows and large objects).
+//! - `fleet-hold URL POOL N`: a fleet instance (kv-only pool) puts N blobs,
+//!   keeps their guards, prints `ready`; on each stdin line `check` it
+//!   confirms its guards, re-puts the lapsed ones and prints
+//!   `lapsed=L restored=R`.
+//! - `fleet-race URL POOL TABLE I SECS`: fleet instance I (pg-lo pool)
+//!   puts, pins, writes and deletes liveness rows in TABLE, releases and
+//!   sweeps for SECS seconds, failing (exit 1) if anything it holds a guard
+//!   on is missing or different; prints `deleted=N` (what its sweeps
+//!   collected).
 
 use std::io::{BufRead, Write};
 use std::pin::Pin;
@@ -89,6 +98,17 @@ async fn main() {
                 let _ = std::io::stdout().flush();
             }
         }
+        Some("fleet-hold") => fleet_hold(&args[2], &args[3], args[4].parse().unwrap()).await,
+        Some("fleet-race") => {
+            fleet_race(
+                &args[2],
+                &args[3],
+                &args[4],
+                args[5].parse().unwrap(),
+                args[6].parse().unwrap(),
+            )
+            .await
+        }
         Some("hold-sqlite-lock") => {
             let conn = rusqlite::Connection::open(&args[2]).expect("open");
             conn.execute_batch("BEGIN EXCLUSIVE").expect("lock");
@@ -119,4 +139,132 @@ async fn main() {
             std::process::exit(2);
         }
     }
+}
+
+async fn fleet_hold(url: &str, pool: &str, n: u32) {
+    use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+    let store = Store::open_fleet(FleetOptions::new(url, pool, FleetLarge::KvOnly))
+        .await
+        .expect("open fleet");
+    let value = |i: u32| format!("held by a stopped instance {i}").into_bytes();
+    let mut guards = Vec::new();
+    for i in 0..n {
+        guards.push(store.put(value(i)).await.expect("put"));
+    }
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    for line in std::io::stdin().lock().lines() {
+        if line.expect("stdin").trim() != "check" {
+            continue;
+        }
+        let (mut lapsed, mut restored) = (0, 0);
+        for (i, g) in guards.iter_mut().enumerate() {
+            match store.confirm(&g.pin).await {
+                Ok(()) => {}
+                Err(alkblobs::Error::PinExpired { key }) => {
+                    assert_eq!(key, g.key);
+                    lapsed += 1;
+                    *g = store.put(value(i as u32)).await.expect("re-put");
+                    if store.get(&g.key).await.expect("get").as_deref()
+                        == Some(&value(i as u32)[..])
+                    {
+                        restored += 1;
+                    }
+                }
+                Err(e) => panic!("confirm: {e}"),
+            }
+        }
+        println!("lapsed={lapsed} restored={restored}");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+async fn fleet_race(url: &str, pool: &str, table: &str, me: u64, secs: u64) {
+    use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+    use rand::Rng;
+    let store = Store::open_fleet(
+        FleetOptions::new(url, pool, FleetLarge::PgLo).instance(format!("racer-{me}")),
+    )
+    .await
+    .expect("open fleet");
+    let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let mut rng = rand::rng();
+    let mut held: Vec<(u64, alkblobs::Put)> = Vec::new();
+    let mut deleted = 0u64;
+    let until = std::time::Instant::now() + Duration::from_secs(secs);
+    let fail = |what: String| -> ! {
+        eprintln!("VIOLATION (racer {me}): {what}");
+        std::process::exit(1)
+    };
+    let mut i = 0u64;
+    while std::time::Instant::now() < until {
+        i += 1;
+        // Seeds shared by every racer: the same content put concurrently.
+        let seed = rng.random_range(0..120u64);
+        let v = alkblobs_tests::fleet_value(seed);
+        let put = store.put(v.clone()).await.expect("put");
+        match rng.random_range(0..3) {
+            0 => {
+                let r = db
+                    .execute(
+                        &format!("INSERT INTO {table} VALUES ($1, $2) ON CONFLICT DO NOTHING"),
+                        &[&put.key.as_bytes().as_slice(), &(seed as i64)],
+                    )
+                    .await;
+                if let Err(e) = r {
+                    fail(format!("liveness write of a pinned key failed: {e:?}"));
+                }
+            }
+            1 => {
+                let _ = db
+                    .execute(
+                        &format!("DELETE FROM {table} WHERE seed = $1"),
+                        &[&(rng.random_range(0..120u64) as i64)],
+                    )
+                    .await;
+            }
+            _ => {}
+        }
+        held.push((seed, put));
+        // Whatever is held must be there, byte for byte.
+        let (seed, g) = &held[rng.random_range(0..held.len())];
+        match store.get(&g.key).await {
+            Ok(Some(b)) if b[..] == alkblobs_tests::fleet_value(*seed)[..] => {}
+            other => fail(format!(
+                "held key {} read back {:?}",
+                g.key,
+                other.map(|o| o.map(|b| b.len()))
+            )),
+        }
+        if held.len() > 8 || rng.random_range(0..4) == 0 {
+            let k = rng.random_range(0..held.len());
+            drop(held.swap_remove(k));
+        }
+        if i.is_multiple_of(10) {
+            match store.sweep(SweepOptions::new()).await {
+                Ok(r) => deleted += r.deleted,
+                Err(e) if e.is_retryable() => {}
+                Err(e) => fail(format!("sweep: {e}")),
+            }
+        }
+        // A pin of something another racer may be collecting right now.
+        let other = alkblobs_tests::fleet_value(rng.random_range(0..120u64));
+        match store.pin(&alkblobs::Key::of(&other)).await {
+            Ok(g) => match store.get(&alkblobs::Key::of(&other)).await {
+                Ok(Some(b)) if b[..] == other[..] => drop(g),
+                r => fail(format!(
+                    "a pinned existing key read back {:?}",
+                    r.map(|o| o.map(|b| b.len()))
+                )),
+            },
+            Err(e) if e.is_not_found() => {}
+            Err(e) => fail(format!("pin: {e}")),
+        }
+    }
+    drop(held);
+    store.close().await.expect("close");
+    println!("deleted={deleted}");
 }

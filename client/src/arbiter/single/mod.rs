@@ -107,7 +107,7 @@ impl Arbiter for SingleNodeArbiter {
         Scope::Process
     }
 
-    async fn pin(&self, keys: &[Key]) -> Result<PinGuard> {
+    async fn pin(&self, _tier: Tier, keys: &[Key]) -> Result<PinGuard> {
         Ok(self.pins.acquire(keys).await)
     }
 

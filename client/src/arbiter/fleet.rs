@@ -1,0 +1,836 @@
+//! The fleet arbiter (feature `postgres`, ADR-008 §2): many store instances
+//! on many nodes share one pool in PostgreSQL, so pins are rows and sweeps
+//! run inside the extension.
+//!
+//! - **Pins are rows of this instance** (`owner`, a store-instance id). A
+//!   kv or `pg-lo` put commits its entry row and its pin row in one
+//!   transaction: the engines are built on [`PgPool::pinning_for`] and pass
+//!   the owner to `alkblobs_put` / `alkblobs_lo_commit`. A put to a shared
+//!   `local` tier commits its pin row first (`alkblobs_pin_new`, in
+//!   [`Arbiter::pin`]), renames the file into place, then marks it
+//!   published (`alkblobs_local_published`, in [`Arbiter::published`]).
+//! - **Guards are counted in process; rows are per key.** One pin row per
+//!   (key, instance) however many guards hold it. When the last guard of a
+//!   key drops, the key is queued and a background task deletes the rows
+//!   in batches (`alkblobs_unpin_many`); a pin of a key whose row is being
+//!   deleted waits for that delete, so the put's own upsert comes after it
+//!   and is never undone by it.
+//! - **Renewal**: a background task calls `alkblobs_renew(pool, owner)`
+//!   every TTL/3 — one statement per round, whatever the number of pins.
+//!   The extension renews only un-expired pins: a lapsed pin stays lapsed.
+//!   Before a holder relies on its pins ([`Arbiter::confirm`]) the arbiter
+//!   checks them in the database if its last successful renewal is older
+//!   than TTL/2, and fails with [`Error::PinExpired`] for a lapsed one.
+//! - **Sweeps** are `alkblobs_sweep` calls (each one transaction under the
+//!   pool's advisory lock) until the mark is done and nothing due is left,
+//!   while this instance holds the pool's sweep lease: a transaction on its
+//!   own connection holding a second advisory lock, so that of two
+//!   instances sweeping at once exactly one does the work and the other
+//!   reports [`GcAbortCause::SweeperLock`]. A `local` tier's files are
+//!   enumerated, staged through the extension and deleted only under its
+//!   arbitration (`alkblobs_claim_local`).
+//! - The pool's delete window and pin TTL are read from the database when
+//!   the store opens, never taken from client defaults.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::TryStreamExt;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio_postgres::types::Type;
+
+use super::{
+    Arbiter, GcAbortCause, GcUsage, LivenessSource, PinGuard, PinRelease, Pool, Scope, StagedRow,
+    SweepOptions, SweepPhase, SweepProgress, SweepReport,
+};
+use crate::backend::postgres::{PgPool, PoolInfo};
+use crate::store::Tier;
+use crate::{Error, Key, Result};
+
+/// Keys per `alkblobs_unpin_many` / `alkblobs_local_published` /
+/// `alkblobs_pins_held` call.
+const BATCH: usize = 10_000;
+/// Keys per `alkblobs_stage` call when staging a local tier's files.
+const STAGE_BATCH: usize = 50_000;
+/// Files per `alkblobs_claim_local` call.
+const CLAIM_BATCH: i32 = 1_000;
+/// Rows an `alkblobs_sweep` call marks and executes at most.
+const SWEEP_KEYS: i32 = 20_000;
+/// How long a release that failed waits before it is tried again.
+const RELEASE_RETRY: Duration = Duration::from_secs(1);
+/// The advisory lock class of the sweep lease ('alkS'); the object id is
+/// the pool's id. Distinct from the class each `alkblobs_sweep` call takes.
+const LEASE_CLASS: i32 = 0x616c_6b53;
+
+/// A fresh store-instance id: host, process and a random suffix, so two
+/// instances in one process are two owners.
+pub fn instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    let mut host: String = host.chars().take(64).collect();
+    host.retain(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+/// In-process pin counts and the release queue; see the module docs.
+#[derive(Debug, Default)]
+struct PinState {
+    counts: HashMap<Key, u32>,
+    /// Keys whose last guard dropped, waiting for the release task.
+    queued: HashSet<Key>,
+    /// Keys whose rows the release task is deleting right now; a pin waits
+    /// until the sender drops.
+    releasing: HashMap<Key, watch::Sender<()>>,
+}
+
+/// What the arbiter and its tasks share.
+struct Shared {
+    pg: PgPool,
+    owner: String,
+    info: PoolInfo,
+    pool_id: i32,
+    pins: Mutex<PinState>,
+    wake_releaser: Notify,
+    /// When the last successful renewal was sent (or the arbiter opened).
+    renewed: Mutex<Instant>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetArbiter")
+            .field("pool", &self.info.name)
+            .field("owner", &self.owner)
+            .finish()
+    }
+}
+
+impl Shared {
+    fn pins(&self) -> MutexGuard<'_, PinState> {
+        // Every critical section leaves the maps consistent.
+        self.pins.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn renewed_at(&self) -> Instant {
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// Counts one pin per key, after any release of their rows in flight.
+    async fn count(&self, keys: &[Key]) {
+        loop {
+            let waiting = {
+                let mut s = self.pins();
+                let busy = keys
+                    .iter()
+                    .find_map(|k| s.releasing.get(k).map(|tx| tx.subscribe()));
+                if busy.is_none() {
+                    for k in keys {
+                        *s.counts.entry(*k).or_insert(0) += 1;
+                        // A queued release is cancelled: the row stays.
+                        s.queued.remove(k);
+                    }
+                }
+                busy
+            };
+            match waiting {
+                None => return,
+                Some(mut rx) => while rx.changed().await.is_ok() {},
+            }
+        }
+    }
+
+    /// The keys among `keys` whose pin rows of this instance are un-expired.
+    async fn held(&self, keys: &[Key]) -> Result<HashSet<Key>> {
+        let mut out = HashSet::new();
+        for chunk in keys.chunks(BATCH) {
+            let ks: Vec<Vec<u8>> = chunk.iter().map(|k| k.as_bytes().to_vec()).collect();
+            let rows = self
+                .pg
+                .rows(
+                    &self.pg,
+                    chunk.first().copied(),
+                    "SELECT k FROM alkblobs_pins_held($1, $2, $3) k",
+                    &[
+                        (&self.info.name, Type::TEXT),
+                        (&self.owner, Type::TEXT),
+                        (&ks, Type::BYTEA_ARRAY),
+                    ],
+                )
+                .await?;
+            for r in rows {
+                out.insert(key_of(&r.get::<_, Vec<u8>>(0))?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One release round: deletes the rows of every queued key.
+    async fn release_queued(&self) {
+        let (keys, _senders): (Vec<Key>, Vec<watch::Sender<()>>) = {
+            let mut s = self.pins();
+            let keys: Vec<Key> = s.queued.drain().collect();
+            let senders = keys
+                .iter()
+                .map(|k| {
+                    let (tx, _) = watch::channel(());
+                    s.releasing.insert(*k, tx.clone());
+                    tx
+                })
+                .collect();
+            (keys, senders)
+        };
+        if keys.is_empty() {
+            return;
+        }
+        let mut failed = Vec::new();
+        for chunk in keys.chunks(BATCH) {
+            let ks: Vec<Vec<u8>> = chunk.iter().map(|k| k.as_bytes().to_vec()).collect();
+            let r = self
+                .pg
+                .rows(
+                    &self.pg,
+                    None,
+                    "SELECT alkblobs_unpin_many($1, $2, $3)",
+                    &[
+                        (&self.info.name, Type::TEXT),
+                        (&self.owner, Type::TEXT),
+                        (&ks, Type::BYTEA_ARRAY),
+                    ],
+                )
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(pool = %self.name(), error = %e, keys = chunk.len(), "releasing pins failed; retrying");
+                failed.extend_from_slice(chunk);
+            }
+        }
+        let mut s = self.pins();
+        for k in &keys {
+            s.releasing.remove(k);
+        }
+        // A failed release is retried unless the key was pinned again (its
+        // row must stay; renewal keeps it).
+        for k in failed {
+            if !s.counts.contains_key(&k) {
+                s.queued.insert(k);
+            }
+        }
+    }
+
+    /// One renewal round. The renewal counts as fresh (for
+    /// [`Arbiter::confirm`]'s shortcut) only if it renewed a row for every
+    /// key this instance holds: fewer means some pin lapsed (or a put's row
+    /// is not committed yet), and confirm then asks the database.
+    async fn renew(&self) -> Result<i64> {
+        let sent = Instant::now();
+        let holding = self.pins().counts.len() as i64;
+        let rows = self
+            .pg
+            .rows(
+                &self.pg,
+                None,
+                "SELECT alkblobs_renew($1, $2)",
+                &[(&self.info.name, Type::TEXT), (&self.owner, Type::TEXT)],
+            )
+            .await?;
+        let n = rows.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0);
+        if n >= holding {
+            *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+        }
+        Ok(n)
+    }
+}
+
+impl PinRelease for Shared {
+    fn release(&self, keys: &[Key]) {
+        let mut any = false;
+        {
+            let mut s = self.pins();
+            for k in keys {
+                if let Some(n) = s.counts.get_mut(k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        s.counts.remove(k);
+                        s.queued.insert(*k);
+                        any = true;
+                    }
+                }
+            }
+        }
+        if any {
+            self.wake_releaser.notify_one();
+        }
+    }
+}
+
+fn key_of(bytes: &[u8]) -> Result<Key> {
+    Ok(Key::from_slice(bytes)?)
+}
+
+/// The fleet arbiter; see the module docs. Built by
+/// [`crate::Store::open_fleet`].
+pub struct FleetArbiter {
+    shared: Arc<Shared>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl fmt::Debug for FleetArbiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.shared.fmt(f)
+    }
+}
+
+impl FleetArbiter {
+    /// The arbiter of fleet pool `info` for store instance `owner`, over
+    /// `pg` (whose engines must carry the same owner). Starts the renewal
+    /// and release tasks; [`Arbiter::close`] or dropping it stops them.
+    pub async fn start(pg: PgPool, info: PoolInfo, owner: String) -> Result<FleetArbiter> {
+        let rows = pg
+            .rows(
+                &pg,
+                None,
+                "SELECT alkblobs_renew($1, $2)",
+                &[(&info.name, Type::TEXT), (&owner, Type::TEXT)],
+            )
+            .await?;
+        drop(rows);
+        let id_rows = pg
+            .rows(
+                &pg,
+                None,
+                "SELECT pool_id FROM alkblobs_pools WHERE pool = $1",
+                &[(&info.name, Type::TEXT)],
+            )
+            .await?;
+        let pool_id: i32 = id_rows
+            .first()
+            .map(|r| r.get(0))
+            .ok_or_else(|| Error::NoPool {
+                pool: info.name.clone(),
+                at: pg.to_string(),
+            })?;
+        let shared = Arc::new(Shared {
+            pg,
+            owner,
+            info,
+            pool_id,
+            pins: Mutex::new(PinState::default()),
+            wake_releaser: Notify::new(),
+            renewed: Mutex::new(Instant::now()),
+        });
+        let every = shared.info.pin_ttl / 3;
+        let renewer = {
+            let s = shared.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    match s.renew().await {
+                        Ok(n) => tracing::trace!(pool = %s.name(), renewed = n, "pins renewed"),
+                        Err(e) => {
+                            tracing::warn!(pool = %s.name(), error = %e, "renewing pins failed")
+                        }
+                    }
+                }
+            })
+        };
+        let releaser = {
+            let s = shared.clone();
+            tokio::spawn(async move {
+                loop {
+                    s.wake_releaser.notified().await;
+                    s.release_queued().await;
+                    let retry = !s.pins().queued.is_empty();
+                    if retry {
+                        tokio::time::sleep(RELEASE_RETRY).await;
+                        s.wake_releaser.notify_one();
+                    }
+                }
+            })
+        };
+        Ok(FleetArbiter {
+            shared,
+            tasks: Mutex::new(vec![renewer, releaser]),
+        })
+    }
+
+    /// This store instance's id (the owner of its pin rows).
+    pub fn owner(&self) -> &str {
+        &self.shared.owner
+    }
+
+    /// The pool's pin TTL (from the database).
+    pub fn pin_ttl(&self) -> Duration {
+        self.shared.info.pin_ttl
+    }
+
+    /// Runs one renewal round now; returns how many pin rows it renewed.
+    pub async fn renew_now(&self) -> Result<i64> {
+        self.shared.renew().await
+    }
+
+    fn local_tier(&self) -> bool {
+        self.shared.info.large_tier == "local"
+    }
+
+    fn stop_tasks(&self) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+
+    fn guard(&self, keys: &[Key]) -> PinGuard {
+        PinGuard::new(keys.to_vec(), self.shared.clone() as Arc<dyn PinRelease>)
+    }
+
+    /// The keys `alkblobs_pin_new` pinned and recorded (a shared local tier).
+    async fn pin_new(&self, keys: &[Key]) -> Result<()> {
+        let s = &self.shared;
+        for k in keys {
+            let kb = k.as_bytes().to_vec();
+            s.pg.rows(
+                &s.pg,
+                Some(*k),
+                "SELECT alkblobs_pin_new($1, $2, $3)",
+                &[
+                    (&s.info.name, Type::TEXT),
+                    (&kb, Type::BYTEA),
+                    (&s.owner, Type::TEXT),
+                ],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The sweep under the lease; see [`Arbiter::sweep`].
+    async fn sweep_leased(&self, pool: &Pool, opts: &SweepOptions) -> Result<SweepReport> {
+        let s = &self.shared;
+        let mut report = SweepReport {
+            window: s.info.delete_window,
+            dry_run: opts.dry_run,
+            ..SweepReport::default()
+        };
+        if self.local_tier() && !opts.dry_run {
+            report.staged += self.stage_local_files(pool).await?;
+        }
+        let mut marking = true;
+        loop {
+            let rows = s
+                .pg
+                .rows(
+                    &s.pg,
+                    None,
+                    "SELECT examined, live, pinned, staged, executed, deleted, kept, bytes_freed, \
+                     pins_reaped, remaining, local_due, skipped, uploads_reaped, mark_done, aborted \
+                     FROM alkblobs_sweep($1, $2, 1000, $3, $4)",
+                    &[
+                        (&s.info.name, Type::TEXT),
+                        (&opts.dry_run, Type::BOOL),
+                        (&marking, Type::BOOL),
+                        (&SWEEP_KEYS, Type::INT4),
+                    ],
+                )
+                .await?;
+            let r = rows
+                .first()
+                .ok_or_else(|| Error::engine(&s.pg, "alkblobs_sweep returned no row"))?;
+            let n = |i: usize| r.get::<_, i64>(i).max(0) as u64;
+            if let Some(cause) = r.get::<_, Option<String>>(14) {
+                report.aborted = Some(match cause.as_str() {
+                    "sweeper_lock" => GcAbortCause::SweeperLock,
+                    other => GcAbortCause::ProtectionSource {
+                        source: "liveness tables".into(),
+                        error: other.to_owned(),
+                    },
+                });
+                return Ok(report);
+            }
+            report.examined += n(0);
+            report.live += n(1);
+            report.pinned += n(2);
+            report.staged += n(3);
+            report.executed += n(4);
+            report.deleted += n(5);
+            report.kept += n(6);
+            report.bytes_freed += n(7);
+            report.pins_reaped += n(8);
+            report.remaining = n(9);
+            report.skipped += n(11);
+            report.uploads_reclaimed += n(12);
+            let local_due = n(10);
+            let mark_done: bool = r.get(13);
+            opts.report_progress(&SweepProgress {
+                phase: if marking {
+                    SweepPhase::Mark
+                } else {
+                    SweepPhase::Execute
+                },
+                examined: report.examined,
+                executed: report.executed,
+                deleted: report.deleted,
+            });
+            if marking && mark_done {
+                opts.run_hook(SweepPhase::Sealed).await;
+            }
+            marking = marking && !mark_done;
+            if !marking && (report.remaining == 0 || n(4) == 0) {
+                if local_due > 0 && !opts.dry_run {
+                    self.claim_local(pool, &mut report).await?;
+                }
+                break;
+            }
+        }
+        opts.run_hook(SweepPhase::Checked).await;
+        Ok(report)
+    }
+
+    /// Stages the local tier's files through the extension (it stages only
+    /// keys that are not entries, pinned, staged or live).
+    async fn stage_local_files(&self, pool: &Pool) -> Result<u64> {
+        let s = &self.shared;
+        let Some(large) = pool.large() else {
+            return Ok(0);
+        };
+        let mut staged = 0u64;
+        let mut keys = large.list();
+        let mut batch: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let next = keys.try_next().await?;
+            if let Some(k) = next {
+                batch.push(k.as_bytes().to_vec());
+            }
+            if (next.is_none() && !batch.is_empty()) || batch.len() == STAGE_BATCH {
+                let rows =
+                    s.pg.rows(
+                        &s.pg,
+                        None,
+                        "SELECT alkblobs_stage($1, $2)",
+                        &[(&s.info.name, Type::TEXT), (&batch, Type::BYTEA_ARRAY)],
+                    )
+                    .await?;
+                staged += rows.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0).max(0) as u64;
+                batch.clear();
+            }
+            if next.is_none() {
+                return Ok(staged);
+            }
+        }
+    }
+
+    /// Deletes the due, dead files of a local tier: each batch is claimed
+    /// in a transaction that stays open (holding the keys' rows) until the
+    /// files are gone, then commits.
+    async fn claim_local(&self, pool: &Pool, report: &mut SweepReport) -> Result<()> {
+        let s = &self.shared;
+        let Some(large) = pool.large() else {
+            return Ok(());
+        };
+        loop {
+            let mut c = s.pg.conn().await?;
+            let t = c
+                .transaction()
+                .await
+                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+            let rows = t
+                .query_typed(
+                    "SELECT k FROM alkblobs_claim_local($1, $2) k",
+                    &[(&s.info.name, Type::TEXT), (&CLAIM_BATCH, Type::INT4)],
+                )
+                .await
+                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+            if rows.is_empty() {
+                return Ok(());
+            }
+            for r in &rows {
+                let k = key_of(&r.get::<_, Vec<u8>>(0))?;
+                report.executed += 1;
+                if let Some(size) = large.delete(&k).await? {
+                    report.deleted += 1;
+                    report.bytes_freed += size;
+                }
+            }
+            t.commit()
+                .await
+                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+            if rows.len() < CLAIM_BATCH as usize {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Drop for FleetArbiter {
+    fn drop(&mut self) {
+        self.stop_tasks();
+    }
+}
+
+#[async_trait]
+impl Arbiter for FleetArbiter {
+    fn name(&self) -> &str {
+        "fleet"
+    }
+
+    fn scope(&self) -> Scope {
+        Scope::Pool
+    }
+
+    async fn pin(&self, tier: Tier, keys: &[Key]) -> Result<PinGuard> {
+        self.shared.count(keys).await;
+        let guard = self.guard(keys);
+        if tier == Tier::Large && self.local_tier() {
+            // The pin row commits before the file is renamed into place.
+            self.pin_new(keys).await?;
+        }
+        Ok(guard)
+    }
+
+    async fn pin_existing(&self, _pool: &Pool, key: &Key) -> Result<PinGuard> {
+        let s = &self.shared;
+        s.count(std::slice::from_ref(key)).await;
+        let guard = self.guard(std::slice::from_ref(key));
+        let kb = key.as_bytes().to_vec();
+        let rows =
+            s.pg.rows(
+                &s.pg,
+                Some(*key),
+                "SELECT alkblobs_pin($1, $2, $3)",
+                &[
+                    (&s.info.name, Type::TEXT),
+                    (&kb, Type::BYTEA),
+                    (&s.owner, Type::TEXT),
+                ],
+            )
+            .await?;
+        if rows.first().map(|r| r.get::<_, bool>(0)) == Some(true) {
+            Ok(guard)
+        } else {
+            Err(Error::NotFound { key: *key })
+        }
+    }
+
+    async fn confirm(&self, keys: &[Key]) -> Result<()> {
+        let s = &self.shared;
+        if s.renewed_at().elapsed() < s.info.pin_ttl / 2 {
+            return Ok(());
+        }
+        let held = s.held(keys).await?;
+        match keys.iter().find(|k| !held.contains(k)) {
+            Some(k) => Err(Error::PinExpired { key: *k }),
+            None => Ok(()),
+        }
+    }
+
+    async fn before_publish(&self, tier: Tier, keys: &[Key]) -> Result<()> {
+        if tier == Tier::Large && self.local_tier() {
+            // alkblobs_pin_new committed these rows; the rename comes next.
+            return self.confirm(keys).await;
+        }
+        // kv and pg-lo: the pin row commits with the entry.
+        Ok(())
+    }
+
+    async fn published(&self, tier: Tier, keys: &[Key]) -> Result<()> {
+        if tier != Tier::Large || !self.local_tier() || keys.is_empty() {
+            // kv and pg-lo: the put's own transaction restarted the window.
+            return Ok(());
+        }
+        let s = &self.shared;
+        let mut marked = HashSet::new();
+        for chunk in keys.chunks(BATCH) {
+            let ks: Vec<Vec<u8>> = chunk.iter().map(|k| k.as_bytes().to_vec()).collect();
+            let rows =
+                s.pg.rows(
+                    &s.pg,
+                    chunk.first().copied(),
+                    "SELECT k FROM alkblobs_local_published($1, $2) k",
+                    &[(&s.info.name, Type::TEXT), (&ks, Type::BYTEA_ARRAY)],
+                )
+                .await?;
+            for r in rows {
+                marked.insert(key_of(&r.get::<_, Vec<u8>>(0))?);
+            }
+        }
+        match keys.iter().find(|k| !marked.contains(k)) {
+            // Its record is gone: a claim collected it, which only an
+            // expired pin allows.
+            Some(k) => Err(Error::PinExpired { key: *k }),
+            None => Ok(()),
+        }
+    }
+
+    fn pin_count(&self, key: &Key) -> u32 {
+        self.shared.pins().counts.get(key).copied().unwrap_or(0)
+    }
+
+    async fn sweep(&self, pool: &Pool, opts: SweepOptions) -> Result<SweepReport> {
+        let s = &self.shared;
+        if opts.protect_source().is_some() {
+            return Err(Error::Config(
+                "a fleet sweep cannot consult an in-process protect callback (other instances cannot see it): write the protect set into a registered liveness table before sweeping".into(),
+            ));
+        }
+        if let Some(w) = opts.window
+            && w != s.info.delete_window
+        {
+            return Err(Error::Config(format!(
+                "the delete window of fleet pool {:?} is the pool's ({:?}), the same for every instance and for psql; change it with alkblobs_alter_pool instead of per sweep",
+                s.info.name, s.info.delete_window
+            )));
+        }
+        let started = Instant::now();
+        // The lease: a transaction holding the pool's sweep-lease lock for
+        // the whole sweep (a transaction-level lock, so a transaction-mode
+        // pooler keeps it on one server connection).
+        let lease = s.pg.conn().await?;
+        lease
+            .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await
+            .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+        let got: bool = lease
+            .query_typed_one(
+                "SELECT pg_try_advisory_xact_lock($1, $2)",
+                &[(&LEASE_CLASS, Type::INT4), (&s.pool_id, Type::INT4)],
+            )
+            .await
+            .map_err(|e| Error::engine(&s.pg, e.to_string()))?
+            .get(0);
+        let result = if got {
+            // (Test support: a hook at Mark runs with the lease held.)
+            opts.run_hook(SweepPhase::Mark).await;
+            self.sweep_leased(pool, &opts).await
+        } else {
+            Ok(SweepReport {
+                window: s.info.delete_window,
+                dry_run: opts.dry_run,
+                aborted: Some(GcAbortCause::SweeperLock),
+                ..SweepReport::default()
+            })
+        };
+        let _ = lease.batch_execute("COMMIT").await;
+        result.map(|mut r| {
+            r.duration = started.elapsed();
+            r
+        })
+    }
+
+    async fn staged(&self, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
+        let s = &self.shared;
+        let after_hex = after.map(|k| k.to_string()).unwrap_or_default();
+        let lim = limit.min(100_000) as i64;
+        let rows =
+            s.pg.rows(
+                &s.pg,
+                None,
+                "SELECT key, (extract(epoch FROM staged_at) * 1000)::bigint, \
+                 (extract(epoch FROM visible_after) * 1000)::bigint \
+                 FROM alkblobs_staged WHERE pool = $1 AND key > $2 ORDER BY key LIMIT $3",
+                &[
+                    (&s.info.name, Type::TEXT),
+                    (&after_hex, Type::TEXT),
+                    (&lim, Type::INT8),
+                ],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(StagedRow {
+                    key: Key::parse(&r.get::<_, String>(0))?,
+                    staged_at_ms: r.get(1),
+                    visible_after_ms: r.get(2),
+                })
+            })
+            .collect()
+    }
+
+    fn staged_durable(&self) -> bool {
+        true
+    }
+
+    fn delete_window(&self) -> Duration {
+        self.shared.info.delete_window
+    }
+
+    async fn add_roots(&self, _keys: &[Key]) -> Result<u64> {
+        Err(fleet_liveness("roots"))
+    }
+
+    async fn remove_roots(&self, _keys: &[Key]) -> Result<u64> {
+        Err(fleet_liveness("roots"))
+    }
+
+    async fn roots(&self, _after: Option<Key>, _limit: usize) -> Result<Vec<Key>> {
+        Ok(Vec::new())
+    }
+
+    async fn usage(&self) -> Result<GcUsage> {
+        let s = &self.shared;
+        let rows =
+            s.pg.rows(
+                &s.pg,
+                None,
+                "SELECT count(*) FROM alkblobs_staged WHERE pool = $1",
+                &[(&s.info.name, Type::TEXT)],
+            )
+            .await?;
+        Ok(GcUsage {
+            staged: rows.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0) as u64,
+            roots: 0,
+        })
+    }
+
+    fn register_liveness(&self, name: &str, _source: Arc<dyn LivenessSource>) -> Result<()> {
+        Err(fleet_liveness(name))
+    }
+
+    fn unregister_liveness(&self, _name: &str) -> bool {
+        false
+    }
+
+    fn liveness_sources(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    async fn close(&self) -> Result<()> {
+        self.stop_tasks();
+        // Release every pin of this instance at once instead of leaving
+        // them to expire.
+        let s = &self.shared;
+        s.pg.rows(
+            &s.pg,
+            None,
+            "SELECT alkblobs_unpin_all($1, $2)",
+            &[(&s.info.name, Type::TEXT), (&s.owner, Type::TEXT)],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// The error for a callback liveness source (or roots) given to a fleet.
+fn fleet_liveness(what: &str) -> Error {
+    Error::Config(format!(
+        "a fleet store cannot use the in-process liveness source {what:?}: other instances and the database's sweep cannot consult it. Register a table instead (SELECT alkblobs_register_liveness(pool, 'your_table')) and write the keys you keep into it"
+    ))
+}

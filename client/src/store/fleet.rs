@@ -1,0 +1,160 @@
+//! The fleet preset (REQ-2, feature `postgres`): many store instances on
+//! many nodes share one pool in PostgreSQL. Turned on only by calling
+//! [`Store::open_fleet`] — never inferred from the engine — with the
+//! fleet arbiter ([`crate::arbiter::fleet`]): pin rows renewed by the
+//! store, sweeps inside the extension.
+//!
+//! **The fleet-validity rule** (ADR-008 §3): a fleet's large tier over pool
+//! content is declared, and must be one of
+//! - [`FleetLarge::PgLo`]: large objects in the same database — the same
+//!   PostgreSQL instance as the kv engine by construction (both engines use
+//!   one connection pool);
+//! - [`FleetLarge::SharedLocal`]: files under a directory that is the same
+//!   fleet-shared media on every node (the operator's assertion: atomic
+//!   rename, close-to-open consistency); pin rows commit before a file is
+//!   renamed into place, and the sweep deletes a file only under the
+//!   database's arbitration;
+//! - [`FleetLarge::KvOnly`]: no large tier (routed): puts over the
+//!   threshold are refused, and a storage node serves large content through
+//!   the verified put/fetch path.
+//!
+//! The declaration must match the pool's own (`alkblobs_pools.large_tier`:
+//! `pg-lo`, `local`, `none`): every node of a fleet then uses the same
+//! tier. Anything else is refused naming the rule.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{DEFAULT_THRESHOLD, Store};
+use crate::arbiter::fleet::{FleetArbiter, instance_id};
+use crate::backend::local::{LocalBackend, LocalOptions};
+use crate::backend::postgres::{PgLoBackend, PgOptions, PgPool, PostgresBackend};
+use crate::{Error, Result};
+
+/// The large tier a fleet store declares (the fleet-validity rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FleetLarge {
+    /// Large objects in the pool's database.
+    PgLo,
+    /// Files under this directory, which is the same fleet-shared media on
+    /// every node: the operator asserts it by choosing this variant.
+    SharedLocal(PathBuf),
+    /// No large tier on this node (routed): puts over the threshold are
+    /// refused with [`Error::TooLarge`].
+    KvOnly,
+}
+
+impl FleetLarge {
+    /// The pool's `large_tier` this declaration matches.
+    fn pool_tier(&self) -> &'static str {
+        match self {
+            FleetLarge::PgLo => "pg-lo",
+            FleetLarge::SharedLocal(_) => "local",
+            FleetLarge::KvOnly => "none",
+        }
+    }
+}
+
+/// Options for [`Store::open_fleet`]: a builder.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct FleetOptions {
+    /// The connection and the pool.
+    pub pg: PgOptions,
+    /// The declared large tier.
+    pub large: FleetLarge,
+    /// The kv threshold.
+    pub threshold: u64,
+    /// This store instance's id (the owner of its pin rows); a fresh one
+    /// (host, process, random) when not given. Two live instances must not
+    /// share one.
+    pub instance: Option<String>,
+}
+
+impl FleetOptions {
+    /// Fleet pool `pool` in the database at `url`, its large tier declared.
+    pub fn new(url: impl Into<String>, pool: impl Into<String>, large: FleetLarge) -> Self {
+        FleetOptions {
+            pg: PgOptions::new(url, pool),
+            large,
+            threshold: DEFAULT_THRESHOLD,
+            instance: None,
+        }
+    }
+
+    /// The kv threshold.
+    pub fn threshold(mut self, bytes: u64) -> Self {
+        self.threshold = bytes;
+        self
+    }
+
+    /// Connections kept open.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.pg = self.pg.max_connections(n);
+        self
+    }
+
+    /// This store instance's id (1 to 200 characters).
+    pub fn instance(mut self, id: impl Into<String>) -> Self {
+        self.instance = Some(id.into());
+        self
+    }
+}
+
+impl Store {
+    /// Opens a fleet pool (REQ-2): the `postgres` kv engine and the
+    /// declared large tier, every put committing a pin row of this store
+    /// instance with its entry, renewed every TTL/3 by a task the store
+    /// owns (stopped by [`Store::close`] or when the last clone drops), and
+    /// sweeps run by the extension. The delete window and the pin TTL are
+    /// the pool's, read from the database.
+    ///
+    /// Fails with [`Error::Config`] if the database lacks the extension,
+    /// the pool does not exist or the role may not use it, the pool is a
+    /// single-instance pool, or the declared large tier breaks the
+    /// fleet-validity rule (see the module docs).
+    pub async fn open_fleet(opts: FleetOptions) -> Result<Store> {
+        let (pg, info) = PgPool::connect(&opts.pg).await?;
+        if info.mode != "fleet" {
+            return Err(Error::Config(format!(
+                "pool {:?} is a single-instance pool: one store instance owns it and sweeps it in process (Store::open_postgres); a fleet needs a fleet pool (alkblobs_create_pool without single_instance)",
+                info.name
+            )));
+        }
+        if opts.large.pool_tier() != info.large_tier {
+            return Err(Error::Config(format!(
+                "the fleet-validity rule: every node of a fleet declares the pool's large tier, and pool {:?} keeps large content in {:?}, not {:?} ({}). Declare {}",
+                info.name,
+                info.large_tier,
+                opts.large.pool_tier(),
+                "pg-lo: large objects in the same database; local: the same fleet-shared media on every node; none: kv-only, large content routed to a storage node",
+                match info.large_tier.as_str() {
+                    "pg-lo" => "FleetLarge::PgLo (--large pg-lo)",
+                    "local" => "FleetLarge::SharedLocal(dir) (--large local=DIR --shared-media)",
+                    _ => "FleetLarge::KvOnly (--large none)",
+                }
+            )));
+        }
+        let owner = opts.instance.clone().unwrap_or_else(instance_id);
+        if owner.is_empty() || owner.chars().count() > 200 {
+            return Err(Error::Config(format!(
+                "a store-instance id is 1 to 200 characters, got {}",
+                owner.chars().count()
+            )));
+        }
+        let pg = pg.pinning_for(&owner);
+        let arbiter = Arc::new(FleetArbiter::start(pg.clone(), info, owner).await?);
+        let builder = Store::builder()
+            .kv(PostgresBackend::new(pg.clone()))
+            .arbiter(arbiter)
+            .threshold(opts.threshold);
+        let builder = match opts.large {
+            FleetLarge::PgLo => builder.large(PgLoBackend::new(pg)),
+            FleetLarge::KvOnly => builder.kv_only(),
+            FleetLarge::SharedLocal(dir) => builder
+                .large(LocalBackend::open(dir, LocalOptions::default().shared_media(true)).await?),
+        };
+        builder.build()
+    }
+}

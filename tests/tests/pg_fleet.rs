@@ -1,0 +1,418 @@
+//! Fleet mode from the client (issue 10), against the server the test
+//! script starts (`ALKBLOBS_PG_URL`; without it the tests fail, they never
+//! skip): the conformance suite over each fleet configuration, pin rows
+//! committed with their entries and released by their guards, renewal,
+//! the fleet-validity rule, one sweeper per pool, and instances in separate
+//! OS processes (helper `alkblobs-test-helper fleet-*`).
+
+use std::time::Duration;
+
+use alkblobs::arbiter::GcAbortCause;
+use alkblobs::conformance::store::Config;
+use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+use alkblobs::store::postgres::PostgresOptions;
+use alkblobs::{Error, Key, Store, SweepOptions, store_suite};
+use alkblobs_tests::pg::{connect, pool_with, url};
+use tokio_postgres::Client;
+
+const MIB: usize = 1 << 20;
+const TIERED: Config = Config {
+    kv_only: false,
+    big: 100 * MIB,
+    list_keys: 20_000,
+};
+const KV_ONLY: Config = Config {
+    kv_only: true,
+    big: 0,
+    list_keys: 20_000,
+};
+
+/// A fresh fleet pool: window 0 s, the TTL and large tier given.
+async fn fleet_pool(tag: &str, ttl: &str, large: &str) -> String {
+    let c = connect().await;
+    pool_with(&c, tag, "0 seconds", ttl, large, false).await
+}
+
+async fn open(pool: &str, large: FleetLarge) -> Store {
+    Store::open_fleet(FleetOptions::new(url(), pool, large))
+        .await
+        .expect("open fleet store")
+}
+
+store_suite!(fleet_pg_lo, TIERED, async {
+    let pool = fleet_pool("fl-lo", "60 seconds", "pg-lo").await;
+    (open(&pool, FleetLarge::PgLo).await, ())
+});
+
+store_suite!(fleet_kv_only, KV_ONLY, async {
+    let pool = fleet_pool("fl-none", "60 seconds", "none").await;
+    (open(&pool, FleetLarge::KvOnly).await, ())
+});
+
+store_suite!(fleet_shared_local, TIERED, async {
+    let pool = fleet_pool("fl-local", "60 seconds", "local").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&pool, FleetLarge::SharedLocal(dir.path().join("large"))).await;
+    (s, dir)
+});
+
+/// The pin rows of `pool`: (key, owner, expired).
+async fn pin_rows(c: &Client, pool: &str) -> Vec<(Vec<u8>, String, bool)> {
+    c.query(
+        "SELECT pn.key, pn.owner, pn.expires_at <= clock_timestamp()
+           FROM alkblobs.pins pn JOIN alkblobs.pools p ON p.id = pn.pool
+          WHERE p.name = $1 ORDER BY 1, 2",
+        &[&pool],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+async fn eventually(mut f: impl AsyncFnMut() -> bool, what: &str) {
+    for _ in 0..500 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+fn now() -> SweepOptions {
+    SweepOptions::new()
+}
+
+/// Fleet mode is declared, never inferred, and the declaration must be
+/// valid: a single-instance pool, a large tier other than the pool's, an
+/// in-process liveness source, roots, a protect callback or a per-sweep
+/// window are each refused with a configuration error naming what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_validity_rule_and_fleet_only_liveness() {
+    let c = connect().await;
+    let lo = fleet_pool("fl-rule", "60 seconds", "pg-lo").await;
+    for bad in [FleetLarge::KvOnly, FleetLarge::SharedLocal("/tmp/x".into())] {
+        let e = Store::open_fleet(FleetOptions::new(url(), &lo, bad.clone()))
+            .await
+            .expect_err("a large tier other than the pool's");
+        assert!(
+            matches!(&e, Error::Config(m) if m.contains("fleet-validity rule") && m.contains("FleetLarge::PgLo")),
+            "{bad:?}: {e}"
+        );
+    }
+    let single = pool_with(&c, "fl-single", "0 seconds", "60 seconds", "pg-lo", true).await;
+    let e = Store::open_fleet(FleetOptions::new(url(), &single, FleetLarge::PgLo))
+        .await
+        .expect_err("a single-instance pool");
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("single-instance")),
+        "{e}"
+    );
+    // ... and the single-instance preset refuses the fleet pool.
+    let e = Store::open_postgres(PostgresOptions::new(url(), &lo))
+        .await
+        .expect_err("a fleet pool opened single-instance");
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("fleet pool")),
+        "{e}"
+    );
+
+    let s = open(&lo, FleetLarge::PgLo).await;
+    let e = s
+        .register_live_set("mine", || async { Ok(Default::default()) })
+        .expect_err("a callback source");
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("alkblobs_register_liveness")),
+        "{e}"
+    );
+    assert!(
+        s.add_roots(&[Key::of(b"r")]).await.is_err(),
+        "roots on a fleet"
+    );
+    let e = s
+        .sweep(now().protect(alkblobs::arbiter::LiveSet::new(|| async {
+            Ok(Default::default())
+        })))
+        .await
+        .expect_err("a protect callback");
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("liveness table")),
+        "{e}"
+    );
+    let e = s
+        .sweep(now().window(Duration::from_secs(3600)))
+        .await
+        .expect_err("a per-sweep window");
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("alkblobs_alter_pool")),
+        "{e}"
+    );
+    // The window and the TTL are the pool's.
+    assert_eq!(s.delete_window(), Duration::ZERO);
+}
+
+/// A put commits its pin row (this instance's owner) with its entry; the
+/// row goes when the last guard drops; another instance's sweep keeps the
+/// pinned entry and collects it once released. Pin counts are per guard,
+/// rows per key and instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pin_rows_follow_the_guards() {
+    let c = connect().await;
+    let pool = fleet_pool("fl-pins", "60 seconds", "pg-lo").await;
+    let a = Store::open_fleet(FleetOptions::new(url(), &pool, FleetLarge::PgLo).instance("node-a"))
+        .await
+        .unwrap();
+    let b = Store::open_fleet(FleetOptions::new(url(), &pool, FleetLarge::PgLo).instance("node-b"))
+        .await
+        .unwrap();
+    let small = a.put(b"pinned small".to_vec()).await.unwrap();
+    let big = a.put(vec![5u8; 200_000]).await.unwrap();
+    let again = a.put(b"pinned small".to_vec()).await.unwrap();
+    assert_eq!(a.pin_count(&small.key), 2);
+    let rows = pin_rows(&c, &pool).await;
+    assert_eq!(rows.len(), 2, "one row per key and instance: {rows:?}");
+    assert!(rows.iter().all(|(_, o, expired)| o == "node-a" && !expired));
+
+    let r = b.sweep(now()).await.unwrap();
+    assert!(r.aborted.is_none(), "{r:?}");
+    assert!(a.has(&small.key).await.unwrap() && a.has(&big.key).await.unwrap());
+
+    drop(small);
+    assert_eq!(pin_rows(&c, &pool).await.len(), 2, "a guard is left");
+    drop(again);
+    drop(big);
+    eventually(
+        async || pin_rows(&c, &pool).await.is_empty(),
+        "the released pins' rows are deleted",
+    )
+    .await;
+    let r = b.sweep(now()).await.unwrap();
+    assert_eq!(r.deleted, 2, "{r:?}");
+    assert!(!b.has(&Key::of(b"pinned small")).await.unwrap());
+    // A pin of a collected key: NotFound, and no row left behind.
+    let e = b
+        .pin(&Key::of(b"pinned small"))
+        .await
+        .expect_err("collected");
+    assert!(e.is_not_found(), "{e}");
+    // Close releases what an instance still holds at once.
+    let kept = b.put(b"held at close".to_vec()).await.unwrap();
+    b.close().await.unwrap();
+    assert!(
+        pin_rows(&c, &pool).await.is_empty(),
+        "close released the pins"
+    );
+    drop(kept);
+}
+
+/// Renewal: with a pin TTL of 2 s, a guard held for 5 s keeps its entry
+/// through sweeps by another instance every 500 ms (the renewal task runs
+/// every TTL/3); the pool's TTL is the one applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_a_held_pin_past_its_ttl() {
+    let pool = fleet_pool("fl-renew", "2 seconds", "none").await;
+    let a = open(&pool, FleetLarge::KvOnly).await;
+    let b = open(&pool, FleetLarge::KvOnly).await;
+    let held = a.put(b"renewed while held".to_vec()).await.unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let r = b.sweep(now()).await.unwrap();
+        assert!(r.aborted.is_none(), "{r:?}");
+        assert!(
+            b.has(&held.key).await.unwrap(),
+            "a held, renewed pin lost its entry"
+        );
+    }
+    a.confirm(&held.pin).await.expect("the pin is held");
+    drop(held);
+}
+
+/// Two instances sweeping at once: exactly one does the work; the other
+/// reports the sweeper lock and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sweepers_one_does_the_work() {
+    let pool = fleet_pool("fl-two", "60 seconds", "none").await;
+    let a = open(&pool, FleetLarge::KvOnly).await;
+    let b = open(&pool, FleetLarge::KvOnly).await;
+    for i in 0..20u32 {
+        drop(a.put(format!("garbage {i}").into_bytes()).await.unwrap());
+    }
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let entered = std::sync::Mutex::new(Some(entered_tx));
+    let go = std::sync::Arc::new(tokio::sync::Mutex::new(Some(go_rx)));
+    let opts = now().hook(move |phase| {
+        let signal = if phase == alkblobs::arbiter::SweepPhase::Mark {
+            entered.lock().unwrap().take()
+        } else {
+            None
+        };
+        let go = go.clone();
+        Box::pin(async move {
+            if let Some(tx) = signal {
+                let _ = tx.send(());
+                if let Some(rx) = go.lock().await.take() {
+                    let _ = rx.await;
+                }
+            }
+        })
+    });
+    // Wait for the releases of the 20 pins, so there is work to do.
+    let c = connect().await;
+    eventually(
+        async || pin_rows(&c, &pool).await.is_empty(),
+        "pins released",
+    )
+    .await;
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { a.sweep(opts).await }
+    });
+    entered_rx.await.unwrap();
+    let second = b.sweep(now()).await.unwrap();
+    assert_eq!(
+        second.aborted,
+        Some(GcAbortCause::SweeperLock),
+        "{second:?}"
+    );
+    assert_eq!(second.deleted, 0);
+    go_tx.send(()).unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert!(first.aborted.is_none(), "{first:?}");
+    assert_eq!(first.deleted, 20, "{first:?}");
+}
+
+/// An instance stopped (SIGSTOP) past its pins' TTL while it holds them:
+/// the pins expire and another instance's sweep reaps them and collects
+/// the content; after SIGCONT the stopped instance's check of its guards
+/// gets the typed "lapsed, re-put" error and a re-put restores the content
+/// byte for byte. Its renewal resumes for pins taken after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_instance_loses_its_pins_and_recovers_by_re_putting() {
+    use std::io::{BufRead, BufReader, Write};
+    let pool = fleet_pool("fl-stop", "2 seconds", "none").await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
+        .args(["fleet-hold", &url(), &pool, "5"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut input = child.stdin.take().unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "helper: {line}");
+    let pid = child.id() as i32;
+    let other = open(&pool, FleetLarge::KvOnly).await;
+    // Held and renewed: sweeps keep them.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let r = other.sweep(now()).await.unwrap();
+    assert_eq!(r.deleted, 0, "held pins lost their entries: {r:?}");
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let r = other.sweep(now()).await.unwrap();
+    assert_eq!(r.pins_reaped, 5, "{r:?}");
+    assert_eq!(r.deleted, 5, "expired pins protect nothing: {r:?}");
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    writeln!(input, "check").unwrap();
+    let mut report = String::new();
+    out.read_line(&mut report).unwrap();
+    assert_eq!(
+        report.trim(),
+        "lapsed=5 restored=5",
+        "the helper's view after SIGCONT"
+    );
+    // The re-puts restored every blob, pinned again and renewed.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let r = other.sweep(now()).await.unwrap();
+    assert_eq!(r.deleted, 0, "re-put blobs were collected: {r:?}");
+    for i in 0..5u32 {
+        let v = format!("held by a stopped instance {i}").into_bytes();
+        assert_eq!(
+            other.get(&Key::of(&v)).await.unwrap().as_deref(),
+            Some(&v[..])
+        );
+    }
+    drop(input);
+    assert!(child.wait().unwrap().success());
+}
+
+/// Several instances in separate OS processes share one pool for a bounded
+/// time: each puts, pins, writes liveness rows into a registered table,
+/// releases, and sweeps, while checking that whatever it holds a guard on
+/// is present and byte-identical. Afterwards every key a liveness row
+/// names is present and byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_in_separate_processes_race_sweeps_and_lose_nothing() {
+    let c = connect().await;
+    let pool = fleet_pool("fl-race", "60 seconds", "pg-lo").await;
+    let table = alkblobs_tests::pg::table_name(&pool, "refs");
+    c.batch_execute(&format!(
+        "CREATE TABLE {table} (key bytea PRIMARY KEY, seed bigint NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|i| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
+                .args(["fleet-race", &url(), &pool, &table, &i.to_string(), "6"])
+                .output_async()
+        })
+        .collect();
+    let mut swept = 0;
+    for child in children {
+        let out = child.await.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "a racing instance failed:\n{text}");
+        swept += text
+            .lines()
+            .find_map(|l| l.strip_prefix("deleted="))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    assert!(
+        swept > 0,
+        "the sweeps never collected anything: the race was idle"
+    );
+    let s = open(&pool, FleetLarge::PgLo).await;
+    let rows = c
+        .query(&format!("SELECT key, seed FROM {table}"), &[])
+        .await
+        .unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        let k = Key::from_slice(&r.get::<_, Vec<u8>>(0)).unwrap();
+        let v = alkblobs_tests::fleet_value(r.get::<_, i64>(1) as u64);
+        assert_eq!(
+            s.get(&k).await.unwrap().as_deref(),
+            Some(&v[..]),
+            "a live key lost its content"
+        );
+    }
+}
+
+/// `Command::output` off the async workers.
+trait OutputAsync {
+    fn output_async(self) -> tokio::task::JoinHandle<std::process::Output>;
+}
+
+impl OutputAsync for &mut std::process::Command {
+    fn output_async(self) -> tokio::task::JoinHandle<std::process::Output> {
+        let child = self
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+    }
+}
