@@ -93,3 +93,111 @@ fn the_cli_runs_on_a_postgres_pool() {
     let o = run(d, &pool, &["--large", "none", "ls"]);
     assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// The CLI on a fleet pool from two processes at once: one puts files while
+/// the other runs `gc` (the database sweep) and a third explains; every file
+/// put is there afterwards (its pin row protected it until the TTL; the
+/// window is 0 s), `explain` shows the pins by owner, `gc --json` carries
+/// the database's figures, and `--fleet` without a large tier is refused
+/// naming the rule.
+#[test]
+fn the_cli_runs_on_a_fleet_pool_from_two_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pool = format!("cli-fleet-{}", std::process::id());
+    ok(
+        d,
+        &pool,
+        &[
+            "--fleet", "pool", "create", &pool, "--window", "0s", "--large", "none",
+        ],
+    );
+    let o = run(d, &pool, &["--fleet", "ls"]);
+    assert_eq!(code(&o), 2);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("fleet-validity rule"));
+    let files: Vec<_> = (0..12)
+        .map(|i| {
+            let p = d.join(format!("f{i}"));
+            std::fs::write(&p, format!("fleet file {i}")).unwrap();
+            p
+        })
+        .collect();
+    let fleet = |args: &[&str]| {
+        let mut v = vec!["--fleet", "--large", "none"];
+        v.extend_from_slice(args);
+        v.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let spawn = |args: Vec<String>| {
+        Command::new(BIN)
+            .args(&args)
+            .env("ALKBLOBS_POSTGRES", url())
+            .env("ALKBLOBS_POOL", &pool)
+            .env("ALKBLOBS_DATA_DIR", d.join("unused"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut sweeps = Vec::new();
+    let mut puts = Vec::new();
+    for f in &files {
+        puts.push(spawn(fleet(&["put", f.to_str().unwrap()])));
+        sweeps.push(spawn(fleet(&["gc", "--json"])));
+    }
+    let mut keys = Vec::new();
+    for p in puts {
+        let o = p.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        keys.push(
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    for s in sweeps {
+        let o = s.wait_with_output().unwrap();
+        // A sweep either ran or found another one running (exit 6).
+        assert!(
+            o.status.success() || code(&o) == 6,
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        if o.status.success() {
+            let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert!(r.get("pins_reaped").is_some(), "{r}");
+        }
+    }
+    let gc = ok(
+        d,
+        &pool,
+        &fleet(&["gc", "--json"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let r: serde_json::Value = serde_json::from_str(&gc).unwrap();
+    assert_eq!(r["deleted"], 0, "pinned puts were collected: {r}");
+    for (k, f) in keys.iter().zip(&files) {
+        let got = ok(
+            d,
+            &pool,
+            &fleet(&["get", k])
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(got, std::fs::read_to_string(f).unwrap());
+    }
+    let why = ok(
+        d,
+        &pool,
+        &fleet(&["explain", &keys[0]])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(why.contains("pin:") && why.contains("owner"), "{why}");
+    assert!(why.contains("verdict: live: protected by pin"), "{why}");
+}

@@ -812,6 +812,20 @@ impl Arbiter for FleetArbiter {
         Vec::new()
     }
 
+    async fn explain(&self, key: &Key) -> Result<Vec<(String, String)>> {
+        let s = &self.shared;
+        let kb = key.as_bytes().to_vec();
+        let rows =
+            s.pg.rows(
+                &s.pg,
+                Some(*key),
+                "SELECT aspect, detail FROM alkblobs_explain($1, $2)",
+                &[(&s.info.name, Type::TEXT), (&kb, Type::BYTEA)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
     async fn close(&self) -> Result<()> {
         self.stop_tasks();
         // Release every pin of this instance at once instead of leaving

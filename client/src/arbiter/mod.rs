@@ -206,6 +206,15 @@ pub trait Arbiter: Send + Sync + fmt::Debug {
     /// The registered liveness sources' names.
     fn liveness_sources(&self) -> Vec<String>;
 
+    /// What the arbiter's own authority says about `key` (the fleet's
+    /// database: `alkblobs_explain`'s aspect/detail rows, pins by owner with
+    /// their expiry, liveness tables, the verdict). Empty for an in-process
+    /// arbiter, whose state [`crate::Store::explain`] reads directly.
+    async fn explain(&self, key: &Key) -> Result<Vec<(String, String)>> {
+        let _ = key;
+        Ok(Vec::new())
+    }
+
     /// Stops background work (renewal tasks) and releases resources.
     async fn close(&self) -> Result<()>;
 }

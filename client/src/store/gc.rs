@@ -179,8 +179,21 @@ pub struct Explanation {
     pub liveness_sources: Vec<String>,
     /// The delete window this store applies.
     pub window_secs: f64,
+    /// What the fleet's database says (`alkblobs_explain`: the entry, each
+    /// pin by owner with its expiry, liveness tables, staging, verdict);
+    /// empty for a single-node store.
+    pub database: Vec<ExplainRow>,
     /// One line: live and why, or what a sweep will do.
     pub verdict: String,
+}
+
+/// One line of the database's explanation of a key.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ExplainRow {
+    /// What it is about: `entry`, `pin`, `liveness`, `staged`, `verdict`, …
+    pub aspect: String,
+    /// What the database says.
+    pub detail: String,
 }
 
 /// The largest key before `key`, for "first row at or after `key`" lookups.
@@ -224,7 +237,13 @@ impl Store {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
+        let database = arbiter.explain(key).await?;
+        let db_verdict = database
+            .iter()
+            .find(|(aspect, _)| aspect == "verdict")
+            .map(|(_, d)| d.clone());
         let verdict = match (&entry, pins_here > 0, root, &staged) {
+            _ if db_verdict.is_some() => db_verdict.unwrap_or_default(),
             (None, _, _, _) => "not in the pool: put the content to (re)create it".to_string(),
             (Some(_), true, _, _) => format!("live: pinned by this process ({pins_here} pin(s))"),
             (Some(_), false, true, _) => "live: a root".to_string(),
@@ -250,6 +269,10 @@ impl Store {
             staged,
             liveness_sources,
             window_secs: arbiter.delete_window().as_secs_f64(),
+            database: database
+                .into_iter()
+                .map(|(aspect, detail)| ExplainRow { aspect, detail })
+                .collect(),
             verdict,
         })
     }

@@ -39,7 +39,7 @@ mod verify;
 pub use builder::{DEFAULT_THRESHOLD, MAX_THRESHOLD, StoreBuilder};
 pub use dispatch::Tier;
 pub(crate) use dispatch::merge_sorted;
-pub use gc::Explanation;
+pub use gc::{ExplainRow, Explanation};
 pub use presets::DirOptions;
 pub use types::{EntryMeta, Put, PutInfo, PutMany, TierUsage, Usage};
 pub use verify::{CorruptEntry, VerifyProgress, VerifyReport};

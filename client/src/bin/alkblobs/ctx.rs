@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::store::postgres::{PgLarge, PostgresOptions};
 use alkblobs::{DirOptions, OpenMode, Store};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -18,6 +19,10 @@ pub struct PgTarget {
     pub pool: String,
     /// The large tier (`--large`), or the pool's own.
     pub large: PgLarge,
+    /// `--fleet`: one of many instances sharing the pool.
+    pub fleet: bool,
+    /// `--shared-media`: the operator's assertion for `--large local=DIR`.
+    pub shared_media: bool,
 }
 
 /// The global options, resolved.
@@ -61,6 +66,38 @@ impl Ctx {
     /// A single-instance pool in PostgreSQL (a missing pool is exit 3: no
     /// store; the pools themselves are made with `alkblobs pool create`).
     async fn open_pg(&self, pg: &PgTarget) -> Res<Store> {
+        if matches!(&pg.large, PgLarge::Local(d) if d.as_os_str().is_empty()) {
+            return Err(Fail::new(
+                Exit::BadInput,
+                "--large local needs the directory: --large local=DIR",
+            ));
+        }
+        if pg.fleet {
+            let rule = |what: &str| {
+                Fail::new(
+                    Exit::BadInput,
+                    format!(
+                        "{what}: the fleet-validity rule needs the large tier declared: --large pg-lo, --large none (kv-only, large content routed to a storage node) or --large local=DIR --shared-media (DIR is the same fleet-shared media on every node)"
+                    ),
+                )
+            };
+            let large = match &pg.large {
+                PgLarge::PgLo => FleetLarge::PgLo,
+                PgLarge::None => FleetLarge::KvOnly,
+                PgLarge::Local(dir) if pg.shared_media => FleetLarge::SharedLocal(dir.clone()),
+                PgLarge::Local(_) => {
+                    return Err(rule("--fleet --large local=DIR without --shared-media"));
+                }
+                _ => return Err(rule("--fleet without --large")),
+            };
+            return Ok(Store::open_fleet(FleetOptions::new(&pg.url, &pg.pool, large)).await?);
+        }
+        if pg.shared_media {
+            return Err(Fail::new(
+                Exit::BadInput,
+                "--shared-media is a fleet declaration: it needs --fleet",
+            ));
+        }
         Ok(
             Store::open_postgres(PostgresOptions::new(&pg.url, &pg.pool).large(pg.large.clone()))
                 .await?,

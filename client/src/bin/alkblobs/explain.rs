@@ -37,6 +37,13 @@ pub async fn explain(ctx: &Ctx, key: Key) -> Res {
             },
             None => println!("staged:  no"),
         }
+        for row in e
+            .database
+            .iter()
+            .filter(|r| r.aspect != "verdict" && r.aspect != "entry")
+        {
+            println!("{:<8} {}", format!("{}:", row.aspect), row.detail);
+        }
         if !e.liveness_sources.is_empty() {
             println!("sources: {}", e.liveness_sources.join(", "));
         }

@@ -30,7 +30,7 @@ mod verify;
 
 use alkblobs::store::postgres::PgLarge;
 use ctx::{Ctx, PgTarget};
-use exit::{Exit, Res, key_arg};
+use exit::{Exit, Fail, Res, key_arg};
 use roots::RootsCmd;
 
 #[derive(Parser)]
@@ -66,9 +66,21 @@ struct Cli {
     )]
     pool: String,
     /// The large tier of a PostgreSQL store: pg-lo, none or local=DIR (the
-    /// pool's own if not given; it must match the pool's).
+    /// pool's own if not given; it must match the pool's). For `pool
+    /// create`: the new pool's (pg-lo if not given; `local` alone).
     #[arg(long, global = true, value_name = "TIER", value_parser = large_arg)]
     large: Option<PgLarge>,
+    /// Fleet mode: this process is one of many store instances sharing the
+    /// pool (pins are rows renewed by this process, sweeps run in the
+    /// database). Needs --postgres and an explicit --large (the
+    /// fleet-validity rule); --large local=DIR also needs --shared-media.
+    #[arg(long, global = true, env = "ALKBLOBS_FLEET")]
+    fleet: bool,
+    /// With --fleet --large local=DIR: asserts that DIR is the same
+    /// fleet-shared media on every node (atomic rename, close-to-open
+    /// consistency).
+    #[arg(long, global = true)]
+    shared_media: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -150,9 +162,12 @@ fn large_arg(s: &str) -> Result<PgLarge, String> {
     match s {
         "pg-lo" => Ok(PgLarge::PgLo),
         "none" => Ok(PgLarge::None),
+        // Bare `local` names the tier (`pool create`); a store needs the
+        // directory.
+        "local" => Ok(PgLarge::Local(PathBuf::new())),
         other => match other.strip_prefix("local=") {
             Some(dir) if !dir.is_empty() => Ok(PgLarge::Local(PathBuf::from(dir))),
-            _ => Err(format!("{other:?} is not pg-lo, none or local=DIR")),
+            _ => Err(format!("{other:?} is not pg-lo, none, local or local=DIR")),
         },
     }
 }
@@ -164,12 +179,20 @@ fn default_data_dir() -> PathBuf {
 }
 
 async fn run(cli: Cli) -> Res {
+    if (cli.fleet || cli.shared_media) && cli.postgres.is_none() {
+        return Err(Fail::new(
+            Exit::BadInput,
+            "--fleet and --shared-media need --postgres URL (a fleet shares a pool in PostgreSQL)",
+        ));
+    }
     let ctx = Ctx {
         dir: cli.data_dir.clone().unwrap_or_else(default_data_dir),
         pg: cli.postgres.clone().map(|url| PgTarget {
             url,
             pool: cli.pool.clone(),
             large: cli.large.clone().unwrap_or(PgLarge::FromPool),
+            fleet: cli.fleet,
+            shared_media: cli.shared_media,
         }),
         json: cli.json,
         wait: cli.wait,

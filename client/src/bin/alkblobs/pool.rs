@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use alkblobs::backend::postgres::{PgPool, PoolInfo, PoolSettings};
+use alkblobs::store::postgres::PgLarge;
 use clap::Subcommand;
 
 use crate::ctx::Ctx;
@@ -22,13 +23,8 @@ pub enum PoolCmd {
         /// Pin TTL (e.g. 60s): how long a fleet pin protects unrenewed.
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Option<Duration>,
-        /// Where large content goes: pg-lo (default), local or none.
-        #[arg(long, value_parser = ["pg-lo", "local", "none"])]
-        large: Option<String>,
-        /// A fleet pool (several instances; the extension sweeps it)
-        /// instead of a single-instance one (this CLI's stores).
-        #[arg(long)]
-        fleet: bool,
+        // Where large content goes: the global --large (pg-lo, the default;
+        // local; none). A fleet pool: the global --fleet.
     },
     /// List the pools this role may read.
     Ls,
@@ -73,14 +69,16 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
     };
     let db = PgPool::connect_db(&pg.url).await?;
     match cmd {
-        PoolCmd::Create {
-            name,
-            window,
-            ttl,
-            large,
-            fleet,
-        } => {
-            let mut s = PoolSettings::new().single_instance(!fleet);
+        PoolCmd::Create { name, window, ttl } => {
+            // --fleet: a fleet pool (several instances; the extension sweeps
+            // it); without: a single-instance pool (this CLI's stores).
+            let mut s = PoolSettings::new().single_instance(!pg.fleet);
+            let large = match &pg.large {
+                PgLarge::FromPool => None,
+                PgLarge::PgLo => Some("pg-lo"),
+                PgLarge::None => Some("none"),
+                _ => Some("local"),
+            };
             if let Some(w) = window {
                 s = s.delete_window(*w);
             }
@@ -88,7 +86,7 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
                 s = s.pin_ttl(*t);
             }
             if let Some(l) = large {
-                s = s.large_tier(l.clone());
+                s = s.large_tier(l);
             }
             db.create_pool(name, &s).await?;
             if !ctx.json {

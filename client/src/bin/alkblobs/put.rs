@@ -70,7 +70,14 @@ pub async fn put(ctx: &Ctx, files: &[PathBuf], root: bool) -> Res {
         } else {
             println!("{}", put.key);
         }
-        drop(put.pin);
+        if ctx.pg.as_ref().is_some_and(|pg| pg.fleet) {
+            // A fleet pin is a row: left in place, it protects the content
+            // for one pin TTL after this process exits (its renewal stops
+            // with it), time to reference the key in a liveness table.
+            std::mem::forget(put.pin);
+        } else {
+            drop(put.pin);
+        }
     }
     if ctx.json {
         print_json(&lines)?;
