@@ -752,6 +752,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
+    tomb timestamptz;
 BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
@@ -762,7 +763,17 @@ BEGIN
                   HINT = 'Use alkblobs_put, or alkblobs_lo_create/_lo_write/_lo_commit for pg-lo pools.';
     END IF;
     INSERT INTO alkblobs.files AS f (pool, key) VALUES (pl.id, $2)
-    ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET recorded_at = f.recorded_at;
+    ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET recorded_at = f.recorded_at
+    RETURNING f.deleting_since INTO tomb;
+    IF tomb IS NOT NULL THEN
+        -- A claim committed this file's deletion and its claimer may be
+        -- unlinking it right now: a file put in place before that is done
+        -- could be the one it unlinks.
+        RAISE EXCEPTION 'the file of key % in pool "%" is being deleted by a sweep (claimed at %); put it again in a moment',
+                        encode($2, 'hex'), pl.name, tomb
+            USING ERRCODE = 'object_in_use',
+                  HINT = 'The claiming sweep removes the tombstone when its files are gone (alkblobs_local_deleted); if it died, the next sweep finishes its claim.';
+    END IF;
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
     PERFORM alkblobs.pin_row(pl, $2, $3);
 END $$;
@@ -785,7 +796,7 @@ BEGIN
     END IF;
     RETURN QUERY
         UPDATE alkblobs.files f SET published = true
-         WHERE f.pool = pl.id AND f.key = ANY($2)
+         WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NULL
         RETURNING f.key;
 END $$;
 
@@ -821,9 +832,15 @@ DECLARE
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_renew');
     PERFORM alkblobs.check_owner($2);
+    -- A row a sweep holds (deciding its key) is passed over, not waited
+    -- for: one long sweep call must not hold back the renewal of every pin
+    -- of the instance. The next round (TTL/3 later) renews it.
     UPDATE alkblobs.pins pn
        SET expires_at = clock_timestamp() + pl.pin_ttl
-     WHERE pn.pool = pl.id AND pn.role = me AND pn.owner = $2 AND pn.expires_at > clock_timestamp();
+      FROM (SELECT x.key FROM alkblobs.pins x
+             WHERE x.pool = pl.id AND x.role = me AND x.owner = $2 AND x.expires_at > clock_timestamp()
+               FOR UPDATE SKIP LOCKED) l
+     WHERE pn.pool = pl.id AND pn.role = me AND pn.owner = $2 AND pn.key = l.key;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -1782,15 +1799,17 @@ BEGIN
     busy := coalesce(busy, '{}');
 END $$;
 
--- The executor for the local tier's files: re-arbitrates due 'local' rows
--- and returns the dead keys, their staged rows and their alkblobs.files
--- rows deleted but still locked by the caller's open transaction. The
--- caller deletes those files and only then commits; until it does, a
--- pin_new or a liveness write for one of these keys waits, and afterwards
--- a liveness write naming one fails with AB002 (the pool no longer holds
--- it). A caller that fails rolls back and the rows stay. Keys someone is
--- locking (staged row, file row or pin row) are passed over, not waited
--- for. At most 10,000 keys per call.
+-- The executor for the local tier's files, phase 1: re-arbitrates due
+-- 'local' rows and returns the dead keys, their staged rows deleted and
+-- their alkblobs.files rows turned into tombstones (not published,
+-- deleting_since set). The caller commits, then unlinks the files, then
+-- removes the tombstones (alkblobs_local_deleted). From the commit on, a
+-- liveness write naming one of these keys fails with AB002 and a pin_new
+-- with 55006, so nothing can come to rely on a file the caller is about
+-- to unlink; before it, they wait. Tombstones a caller left (it died
+-- between the phases) are handed out again by the next call, first.
+-- Keys someone is locking (staged row, file row or pin row) are passed
+-- over, not waited for. At most `max_keys` (≤ 10,000) of each kind.
 CREATE FUNCTION @extschema@.alkblobs_claim_local(pool text, max_keys integer DEFAULT 1000)
 RETURNS SETOF bytea
 LANGUAGE plpgsql SECURITY DEFINER
@@ -1826,6 +1845,14 @@ BEGIN
            AND mk.mark_end IS NOT NULL AND mk.mark_end + mk.delete_window <= clock_timestamp()
          ORDER BY s.key LIMIT $2
            FOR UPDATE OF s SKIP LOCKED) x;
+    -- Tombstones of claims whose claimer has not confirmed the delete
+    -- (it died, or is still at it: unlinking twice is harmless, and nobody
+    -- can record these keys meanwhile): handed out again, first.
+    RETURN QUERY
+        SELECT t.key FROM (
+            SELECT f.key FROM alkblobs.files f
+             WHERE f.pool = pl.id AND f.deleting_since IS NOT NULL
+             ORDER BY f.key LIMIT $2 FOR UPDATE SKIP LOCKED) t;
     IF batch IS NULL THEN
         RETURN;
     END IF;
@@ -1847,8 +1874,32 @@ BEGIN
     -- Protected keys are unstaged (a later mark restages them if need be);
     -- keys whose pins someone is changing stay staged for the next claim.
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(ours) AND NOT (s.key = ANY(pr.busy));
-    DELETE FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = ANY(dead);
+    -- Tombstones (also for a dead file nobody recorded, so that a pin_new
+    -- of its key cannot slip in before it is unlinked).
+    INSERT INTO alkblobs.files AS f (pool, key, published, deleting_since)
+    SELECT pl.id, d, false, clock_timestamp() FROM unnest(dead) d ORDER BY d
+    ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET published = false, deleting_since = clock_timestamp();
     RETURN QUERY SELECT d FROM unnest(dead) d ORDER BY d;
+END $$;
+
+-- Removes the tombstones of files the caller deleted after claiming them
+-- (alkblobs_claim_local); at most 10,000 keys. Returns how many it removed.
+-- Until then the keys cannot be recorded afresh (alkblobs_pin_new: 55006).
+CREATE FUNCTION @extschema@.alkblobs_local_deleted(pool text, keys bytea[])
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+    n bigint;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_local_deleted');
+    PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.max_keys($2, 10000);
+    DELETE FROM alkblobs.files f
+     WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NOT NULL;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
 END $$;
 
 -- The sweep ----------------------------------------------------------------------
@@ -2217,6 +2268,8 @@ BEGIN
             has_entry := true;
             detail := format('present: a published file on the shared local tier, recorded %s',
                              (SELECT f.recorded_at FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2));
+        ELSIF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2 AND f.deleting_since IS NOT NULL) THEN
+            detail := 'absent: a sweep claimed its file and is deleting it (put it again once that is done)';
         ELSIF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2) THEN
             detail := 'absent: a file is being published (recorded, not yet confirmed by alkblobs_local_published)';
         ELSE

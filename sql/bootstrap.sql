@@ -183,6 +183,11 @@ CREATE TABLE alkblobs.files (
     key          bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
     published    boolean NOT NULL DEFAULT false,
     recorded_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- A tombstone: a claim decided the file is dead and committed; its
+    -- claimer is deleting it (alkblobs_local_deleted removes the row after).
+    -- Not published, so nothing may reference it, and alkblobs_pin_new
+    -- refuses to record the key afresh (55006) until the delete is done.
+    deleting_since timestamptz,
     PRIMARY KEY (pool, key)
 );
 

@@ -46,7 +46,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         store.delete_window()
     );
 
-    let doc = store.put(b"a document another node may read".to_vec()).await?;
+    let doc = store
+        .put(b"a document another node may read".to_vec())
+        .await?;
     // Reference it in the liveness table while the pin protects it ...
     let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
     tokio::spawn(conn);
@@ -60,7 +62,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .is_ok();
     // ... then let the pin go: the row keeps it.
     drop(doc.pin);
-    let scratch = store.put(b"scratch: nobody references this".to_vec()).await?;
+    let scratch = store
+        .put(b"scratch: nobody references this".to_vec())
+        .await?;
     drop(scratch.pin);
 
     let report = store.sweep(SweepOptions::new()).await?;
@@ -70,7 +74,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "the document is {} (recorded in docs: {recorded})",
-        if store.has(&doc.key).await? { "kept" } else { "gone" }
+        if store.has(&doc.key).await? {
+            "kept"
+        } else {
+            "gone"
+        }
     );
     store.close().await?;
     Ok(())

@@ -274,7 +274,7 @@ impl Error {
 ///
 /// | SQLSTATE | kind |
 /// |---|---|
-/// | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available | [`ErrorKind::Conflict`] |
+/// | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available, `55006` object in use (a file being deleted) | [`ErrorKind::Conflict`] |
 /// | class `08` connection exception, `57P01`–`57P03` admin shutdown / cannot connect now, `53300` too many connections | [`ErrorKind::Unavailable`] |
 /// | `AB002` content not present | [`ErrorKind::Collected`] |
 /// | `AB001` no such pool, `42501` insufficient privilege, `3F000` no schema (extension missing), `42883` undefined function (wrong extension version) | [`ErrorKind::Config`] |
@@ -282,7 +282,7 @@ impl Error {
 /// | anything else | [`ErrorKind::Engine`] |
 pub fn sqlstate_kind(code: &str) -> ErrorKind {
     match code {
-        "40001" | "40P01" | "55P03" => ErrorKind::Conflict,
+        "40001" | "40P01" | "55P03" | "55006" => ErrorKind::Conflict,
         "57P01" | "57P02" | "57P03" | "53300" => ErrorKind::Unavailable,
         c if c.starts_with("08") => ErrorKind::Unavailable,
         "AB002" => ErrorKind::Collected,

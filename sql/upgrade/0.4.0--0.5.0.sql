@@ -14,6 +14,14 @@
 --   on many keys in one statement (granted to alkblobs_writer);
 -- * alkblobs_pin pins a published file of a local-tier pool too (it
 --   returned false for every key that was not an entry);
+-- * a claim of local-tier files commits tombstones (files.deleting_since)
+--   before its caller unlinks anything, and the caller removes them with
+--   alkblobs_local_deleted (granted to alkblobs_sweeper) once the files are
+--   gone; alkblobs_pin_new of a tombstoned key fails with 55006 until
+--   then, and the next claim hands out tombstones a dead claimer left (the
+--   0.4.0 claim held its rows until the caller committed, and a caller
+--   that died after unlinking left records of files that were gone);
+-- * alkblobs_renew passes over pin rows a sweep holds instead of waiting;
 -- * the alkblobs_pools view shows each pool's id (pool_id, the object id of
 --   its advisory locks).
 
@@ -22,5 +30,6 @@ CREATE FUNCTION alkblobs."first_bad"("keys" bytea[], "vals" bytea[]) RETURNS int
 IMMUTABLE STRICT PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'first_bad_wrapper';
 
 -- Schema delta.
+ALTER TABLE alkblobs.files ADD COLUMN deleting_since timestamptz;
 ALTER TABLE alkblobs.entries DROP CONSTRAINT entries_pool_fkey;
 ALTER TABLE alkblobs.pins DROP CONSTRAINT pins_pool_fkey;

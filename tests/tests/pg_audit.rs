@@ -319,6 +319,26 @@ async fn a_local_pool_refuses_references_to_content_it_does_not_hold() {
         .await
         .unwrap();
     assert!(confirmed.is_empty(), "a collected file was confirmed");
+    // Its tombstone refuses a new record until the claimer confirms the
+    // delete (55006), then the key can be published again.
+    let e = c
+        .execute("SELECT alkblobs_pin_new($1, $2, 'node-b')", &[&pool, &gone])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        sqlstate(&e),
+        "55006",
+        "a tombstoned key was recorded afresh"
+    );
+    let removed: i64 = c
+        .query_one(
+            "SELECT alkblobs_local_deleted($1, ARRAY[$2::bytea])",
+            &[&pool, &gone],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(removed, 1);
     // Published again: referencable again.
     publish_file(&c, &pool, &gone, "node-b").await;
     reference(&c, &t, &gone).await.unwrap();

@@ -416,3 +416,106 @@ impl OutputAsync for &mut std::process::Command {
         tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
     }
 }
+
+/// A shared-local-tier sweeper killed after unlinking the files it claimed
+/// and before confirming the delete: no pinned or live key lost its file;
+/// the claimed key reads as gone, a liveness row naming it is refused
+/// (AB002) and a put of it waits and then fails retryably while the
+/// tombstone stands; the next sweep finishes the claim, and a re-put
+/// restores the content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_claimer_killed_mid_delete_loses_nothing_protected() {
+    use std::io::{BufRead, BufReader};
+    let c = connect().await;
+    let pool = fleet_pool("fl-claim", "60 seconds", "local").await;
+    let table = alkblobs_tests::pg::table_name(&pool, "refs");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let media = dir.path().join("shared");
+    let s = open(&pool, FleetLarge::SharedLocal(media.clone())).await;
+    let big = |tag: &str| -> Vec<u8> {
+        let mut v = tag.as_bytes().to_vec();
+        v.resize(300_000, 7);
+        v
+    };
+    let live = s.put(big("live")).await.unwrap();
+    c.execute(
+        &format!("INSERT INTO {table} VALUES ($1)"),
+        &[&live.key.as_bytes().as_slice()],
+    )
+    .await
+    .unwrap();
+    drop(live.pin);
+    let pinned = s.put(big("pinned")).await.unwrap();
+    let dead = s.put(big("dead")).await.unwrap();
+    let dead_key = dead.key;
+    drop(dead);
+    eventually(
+        async || pin_rows(&c, &pool).await.len() == 1,
+        "the dead key's pin is released",
+    )
+    .await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
+        .args([
+            "fleet-claim-then-die",
+            &url(),
+            &pool,
+            media.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "claimed");
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let k = |p: &alkblobs::Put| p.key;
+    assert_eq!(
+        s.get(&k(&pinned)).await.unwrap().as_deref(),
+        Some(&big("pinned")[..])
+    );
+    let live_key = Key::of(&big("live"));
+    assert_eq!(
+        s.get(&live_key).await.unwrap().as_deref(),
+        Some(&big("live")[..])
+    );
+    assert!(
+        s.get(&dead_key).await.unwrap().is_none(),
+        "the claimed file"
+    );
+    let e = c
+        .execute(
+            &format!("INSERT INTO {table} VALUES ($1)"),
+            &[&dead_key.as_bytes().as_slice()],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "AB002");
+    let e = s
+        .put(big("dead"))
+        .await
+        .expect_err("a put under a tombstone");
+    assert!(e.is_retryable(), "{e}");
+    // The next sweep finishes the claim; the content comes back by a put.
+    let r = s.sweep(now()).await.unwrap();
+    assert!(r.aborted.is_none(), "{r:?}");
+    let again = s.put(big("dead")).await.unwrap();
+    assert_eq!(again.key, dead_key);
+    assert_eq!(
+        s.get(&dead_key).await.unwrap().as_deref(),
+        Some(&big("dead")[..])
+    );
+    drop(pinned);
+}

@@ -573,7 +573,27 @@ async fn a_local_tier_claim_holds_its_keys_until_the_files_are_deleted() {
         "pin_new did not wait for the claim"
     );
     c.batch_execute("COMMIT").await.unwrap();
-    writer.await.unwrap().unwrap();
+    // The claim committed tombstones: the writer is refused until the
+    // claimer has unlinked the files and said so.
+    let e = writer.await.unwrap().unwrap_err();
+    assert_eq!(
+        sqlstate(&e),
+        "55006",
+        "pin_new recorded a file being deleted"
+    );
+    let tombs: i64 = c
+        .query_one("SELECT alkblobs_local_deleted($1, $2)", &[&pool, &claimed])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tombs, 2);
+    let w = connect().await;
+    w.execute(
+        "SELECT alkblobs_pin_new($1, $2, 'writer')",
+        &[&pool, &wanted],
+    )
+    .await
+    .unwrap();
     // The writer now holds a pin and republishes the file; nothing is staged.
     let left: i64 = obs
         .query_one(

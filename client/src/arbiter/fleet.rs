@@ -47,7 +47,7 @@ use super::{
     Arbiter, GcAbortCause, GcUsage, LivenessSource, PinGuard, PinRelease, Pool, Scope, StagedRow,
     SweepOptions, SweepPhase, SweepProgress, SweepReport,
 };
-use crate::backend::postgres::{PgPool, PoolInfo};
+use crate::backend::postgres::{InTx, PgPool, PoolInfo, finish};
 use crate::store::Tier;
 use crate::{Error, Key, Result};
 
@@ -62,6 +62,9 @@ const CLAIM_BATCH: i32 = 1_000;
 const SWEEP_KEYS: i32 = 20_000;
 /// How long a release that failed waits before it is tried again.
 const RELEASE_RETRY: Duration = Duration::from_secs(1);
+/// How long a put waits, in doubling steps, for a sweep to finish deleting
+/// the file of the same key before it gives up with the retryable error.
+const TOMBSTONE_WAIT: Duration = Duration::from_secs(2);
 /// The advisory lock class of the sweep lease ('alkS'); the object id is
 /// the pool's id. Distinct from the class each `alkblobs_sweep` call takes.
 const LEASE_CLASS: i32 = 0x616c_6b53;
@@ -96,14 +99,16 @@ struct PinState {
 
 /// What the arbiter and its tasks share.
 struct Shared {
+    /// The store's connections (sweeps).
     pg: PgPool,
+    /// The arbiter's own few connections: renewal, releases and pin calls
+    /// never wait behind uploads and sweeps holding the store's.
+    control: PgPool,
     owner: String,
     info: PoolInfo,
     pool_id: i32,
     pins: Mutex<PinState>,
     wake_releaser: Notify,
-    /// When the last successful renewal was sent (or the arbiter opened).
-    renewed: Mutex<Instant>,
 }
 
 impl fmt::Debug for Shared {
@@ -119,10 +124,6 @@ impl Shared {
     fn pins(&self) -> MutexGuard<'_, PinState> {
         // Every critical section leaves the maps consistent.
         self.pins.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn renewed_at(&self) -> Instant {
-        *self.renewed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn name(&self) -> &str {
@@ -159,9 +160,9 @@ impl Shared {
         for chunk in keys.chunks(BATCH) {
             let ks: Vec<Vec<u8>> = chunk.iter().map(|k| k.as_bytes().to_vec()).collect();
             let rows = self
-                .pg
+                .control
                 .rows(
-                    &self.pg,
+                    &self.control,
                     chunk.first().copied(),
                     "SELECT k FROM alkblobs_pins_held($1, $2, $3) k",
                     &[
@@ -200,9 +201,9 @@ impl Shared {
         for chunk in keys.chunks(BATCH) {
             let ks: Vec<Vec<u8>> = chunk.iter().map(|k| k.as_bytes().to_vec()).collect();
             let r = self
-                .pg
+                .control
                 .rows(
-                    &self.pg,
+                    &self.control,
                     None,
                     "SELECT alkblobs_unpin_many($1, $2, $3)",
                     &[
@@ -230,27 +231,27 @@ impl Shared {
         }
     }
 
-    /// One renewal round. The renewal counts as fresh (for
-    /// [`Arbiter::confirm`]'s shortcut) only if it renewed a row for every
-    /// key this instance holds: fewer means some pin lapsed (or a put's row
-    /// is not committed yet), and confirm then asks the database.
+    /// One renewal round: every un-expired pin row of this instance, one
+    /// statement.
     async fn renew(&self) -> Result<i64> {
-        let sent = Instant::now();
-        let holding = self.pins().counts.len() as i64;
         let rows = self
-            .pg
+            .control
             .rows(
-                &self.pg,
+                &self.control,
                 None,
                 "SELECT alkblobs_renew($1, $2)",
                 &[(&self.info.name, Type::TEXT), (&self.owner, Type::TEXT)],
             )
             .await?;
-        let n = rows.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0);
-        if n >= holding {
-            *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
-        }
-        Ok(n)
+        Ok(rows.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0))
+    }
+
+    /// Wakes everything waiting on a release and forgets the queue (the
+    /// tasks are stopping: rows left behind expire after the TTL).
+    fn abandon_releases(&self) {
+        let mut s = self.pins();
+        s.queued.clear();
+        s.releasing.clear();
     }
 }
 
@@ -297,19 +298,42 @@ impl FleetArbiter {
     /// The arbiter of fleet pool `info` for store instance `owner`, over
     /// `pg` (whose engines must carry the same owner). Starts the renewal
     /// and release tasks; [`Arbiter::close`] or dropping it stops them.
-    pub async fn start(pg: PgPool, info: PoolInfo, owner: String) -> Result<FleetArbiter> {
-        let rows = pg
+    pub async fn start(
+        pg: PgPool,
+        control: PgPool,
+        info: PoolInfo,
+        owner: String,
+    ) -> Result<FleetArbiter> {
+        // An id whose pins are still alive belongs to a live instance (or
+        // to one that died less than a TTL ago): adopting its rows would
+        // renew pins no guard of ours will ever release.
+        let live = control
             .rows(
-                &pg,
+                &control,
                 None,
-                "SELECT alkblobs_renew($1, $2)",
+                "SELECT count(*) FROM alkblobs_pins WHERE pool = $1 AND owner = $2 AND NOT expired",
                 &[(&info.name, Type::TEXT), (&owner, Type::TEXT)],
             )
             .await?;
-        drop(rows);
-        let id_rows = pg
+        if live.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0) > 0 {
+            return Err(Error::Config(format!(
+                "store instance id {owner:?} holds live pins in pool {:?}: another instance uses this id (ids must be unique), or one that stopped has pins that expire within the pool's TTL ({:?})",
+                info.name, info.pin_ttl
+            )));
+        }
+        // Fails early if the role may not write the pool (or it is not a
+        // fleet pool).
+        control
             .rows(
-                &pg,
+                &control,
+                None,
+                "SELECT count(*) FROM alkblobs_pins_held($1, $2, '{}')",
+                &[(&info.name, Type::TEXT), (&owner, Type::TEXT)],
+            )
+            .await?;
+        let id_rows = control
+            .rows(
+                &control,
                 None,
                 "SELECT pool_id FROM alkblobs_pools WHERE pool = $1",
                 &[(&info.name, Type::TEXT)],
@@ -324,12 +348,12 @@ impl FleetArbiter {
             })?;
         let shared = Arc::new(Shared {
             pg,
+            control,
             owner,
             info,
             pool_id,
             pins: Mutex::new(PinState::default()),
             wake_releaser: Notify::new(),
-            renewed: Mutex::new(Instant::now()),
         });
         let every = shared.info.pin_ttl / 3;
         let renewer = {
@@ -397,6 +421,7 @@ impl FleetArbiter {
         {
             t.abort();
         }
+        self.shared.abandon_releases();
     }
 
     fn guard(&self, keys: &[Key]) -> PinGuard {
@@ -408,17 +433,33 @@ impl FleetArbiter {
         let s = &self.shared;
         for k in keys {
             let kb = k.as_bytes().to_vec();
-            s.pg.rows(
-                &s.pg,
-                Some(*k),
-                "SELECT alkblobs_pin_new($1, $2, $3)",
-                &[
-                    (&s.info.name, Type::TEXT),
-                    (&kb, Type::BYTEA),
-                    (&s.owner, Type::TEXT),
-                ],
-            )
-            .await?;
+            // A key whose file a sweep is deleting (a tombstone, 55006)
+            // is recorded afresh once the delete is done: wait a bounded
+            // while for that.
+            let mut wait = Duration::from_millis(50);
+            loop {
+                let r = s
+                    .control
+                    .rows(
+                        &s.control,
+                        Some(*k),
+                        "SELECT alkblobs_pin_new($1, $2, $3)",
+                        &[
+                            (&s.info.name, Type::TEXT),
+                            (&kb, Type::BYTEA),
+                            (&s.owner, Type::TEXT),
+                        ],
+                    )
+                    .await;
+                match r {
+                    Ok(_) => break,
+                    Err(e) if e.is_retryable() && wait < TOMBSTONE_WAIT => {
+                        tokio::time::sleep(wait).await;
+                        wait *= 2;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
         Ok(())
     }
@@ -457,13 +498,7 @@ impl FleetArbiter {
                 .ok_or_else(|| Error::engine(&s.pg, "alkblobs_sweep returned no row"))?;
             let n = |i: usize| r.get::<_, i64>(i).max(0) as u64;
             if let Some(cause) = r.get::<_, Option<String>>(14) {
-                report.aborted = Some(match cause.as_str() {
-                    "sweeper_lock" => GcAbortCause::SweeperLock,
-                    other => GcAbortCause::ProtectionSource {
-                        source: "liveness tables".into(),
-                        error: other.to_owned(),
-                    },
-                });
+                report.aborted = Some(abort_cause(&s.info.name, &cause)?);
                 return Ok(report);
             }
             report.examined += n(0);
@@ -494,9 +529,14 @@ impl FleetArbiter {
                 opts.run_hook(SweepPhase::Sealed).await;
             }
             marking = marking && !mark_done;
+            // A dry run changes nothing, its mark cursor included: one
+            // call (one slice of at most SWEEP_KEYS entries) is its answer.
+            if opts.dry_run {
+                break;
+            }
             if !marking && (report.remaining == 0 || n(4) == 0) {
-                if local_due > 0 && !opts.dry_run {
-                    self.claim_local(pool, &mut report).await?;
+                if local_due > 0 || self.local_tier() {
+                    self.claim_local(pool, opts, &mut report).await?;
                 }
                 break;
             }
@@ -538,42 +578,62 @@ impl FleetArbiter {
         }
     }
 
-    /// Deletes the due, dead files of a local tier: each batch is claimed
-    /// in a transaction that stays open (holding the keys' rows) until the
-    /// files are gone, then commits.
-    async fn claim_local(&self, pool: &Pool, report: &mut SweepReport) -> Result<()> {
+    /// Deletes the due, dead files of a local tier in two phases: a claim
+    /// commits tombstones for the dead keys (from then on nothing can
+    /// reference or re-record them), the files are unlinked, and the
+    /// tombstones are removed. A sweeper that dies between the phases
+    /// leaves tombstones, which the next claim hands out again.
+    async fn claim_local(
+        &self,
+        pool: &Pool,
+        opts: &SweepOptions,
+        report: &mut SweepReport,
+    ) -> Result<()> {
         let s = &self.shared;
         let Some(large) = pool.large() else {
             return Ok(());
         };
         loop {
-            let mut c = s.pg.conn().await?;
-            let t = c
-                .transaction()
-                .await
-                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
-            let rows = t
-                .query_typed(
+            let rows =
+                s.pg.rows(
+                    &s.pg,
+                    None,
                     "SELECT k FROM alkblobs_claim_local($1, $2) k",
                     &[(&s.info.name, Type::TEXT), (&CLAIM_BATCH, Type::INT4)],
                 )
-                .await
-                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+                .await?;
             if rows.is_empty() {
                 return Ok(());
             }
+            let mut done: Vec<Vec<u8>> = Vec::with_capacity(rows.len());
             for r in &rows {
-                let k = key_of(&r.get::<_, Vec<u8>>(0))?;
+                let kb: Vec<u8> = r.get(0);
+                let k = key_of(&kb)?;
                 report.executed += 1;
-                if let Some(size) = large.delete(&k).await? {
-                    report.deleted += 1;
-                    report.bytes_freed += size;
+                match large.delete(&k).await {
+                    Ok(freed) => {
+                        if let Some(size) = freed {
+                            report.deleted += 1;
+                            report.bytes_freed += size;
+                        }
+                        done.push(kb);
+                    }
+                    // Its tombstone stays; the next sweep tries again.
+                    Err(e) => {
+                        tracing::warn!(pool = %s.name(), key = %k, error = %e, "deleting a claimed file failed")
+                    }
                 }
             }
-            t.commit()
-                .await
-                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
-            if rows.len() < CLAIM_BATCH as usize {
+            // (Test support: a sweeper that dies here leaves tombstones.)
+            opts.run_hook(SweepPhase::Claimed).await;
+            s.pg.rows(
+                &s.pg,
+                None,
+                "SELECT alkblobs_local_deleted($1, $2)",
+                &[(&s.info.name, Type::TEXT), (&done, Type::BYTEA_ARRAY)],
+            )
+            .await?;
+            if rows.len() < CLAIM_BATCH as usize || done.len() < rows.len() {
                 return Ok(());
             }
         }
@@ -631,10 +691,10 @@ impl Arbiter for FleetArbiter {
     }
 
     async fn confirm(&self, keys: &[Key]) -> Result<()> {
+        // Always the database's answer: a local clock cannot know whether
+        // a row expired (a suspended host, a renewal that renewed other
+        // rows), and a round trip is cheap next to what a holder does.
         let s = &self.shared;
-        if s.renewed_at().elapsed() < s.info.pin_ttl / 2 {
-            return Ok(());
-        }
         let held = s.held(keys).await?;
         match keys.iter().find(|k| !held.contains(k)) {
             Some(k) => Err(Error::PinExpired { key: *k }),
@@ -704,8 +764,7 @@ impl Arbiter for FleetArbiter {
         // the whole sweep (a transaction-level lock, so a transaction-mode
         // pooler keeps it on one server connection).
         let lease = s.pg.conn().await?;
-        lease
-            .batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        let lease = InTx::begin(lease, "BEGIN ISOLATION LEVEL READ COMMITTED")
             .await
             .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
         let got: bool = lease
@@ -728,7 +787,9 @@ impl Arbiter for FleetArbiter {
                 ..SweepReport::default()
             })
         };
-        let _ = lease.batch_execute("COMMIT").await;
+        // Dropped on an early return or a cancelled sweep, the lease's
+        // connection is closed instead (InTx), which ends the lease too.
+        let _ = finish(lease, "COMMIT").await;
         result.map(|mut r| {
             r.duration = started.elapsed();
             r
@@ -831,15 +892,41 @@ impl Arbiter for FleetArbiter {
         // Release every pin of this instance at once instead of leaving
         // them to expire.
         let s = &self.shared;
-        s.pg.rows(
-            &s.pg,
-            None,
-            "SELECT alkblobs_unpin_all($1, $2)",
-            &[(&s.info.name, Type::TEXT), (&s.owner, Type::TEXT)],
-        )
-        .await?;
+        s.control
+            .rows(
+                &s.control,
+                None,
+                "SELECT alkblobs_unpin_all($1, $2)",
+                &[(&s.info.name, Type::TEXT), (&s.owner, Type::TEXT)],
+            )
+            .await?;
         Ok(())
     }
+}
+
+/// A sweep call's `aborted` text as report data (or, for a pool the fleet
+/// must not sweep, the configuration error it is).
+fn abort_cause(pool: &str, cause: &str) -> Result<GcAbortCause> {
+    Ok(match cause {
+        "sweeper_lock" => GcAbortCause::SweeperLock,
+        "liveness_table_invalid" => GcAbortCause::ProtectionSource {
+            source: "liveness tables".into(),
+            error: "a registered liveness table failed validation (the server log names it); fix or unregister it".into(),
+        },
+        "liveness_table_busy" => GcAbortCause::ProtectionSource {
+            source: "liveness tables".into(),
+            error: "a registered liveness table stayed locked by DDL; retry when it is done".into(),
+        },
+        "single_instance_pool" => {
+            return Err(Error::Config(format!(
+                "pool {pool:?} is a single-instance pool: the fleet does not sweep it"
+            )));
+        }
+        other => GcAbortCause::ProtectionSource {
+            source: "alkblobs_sweep".into(),
+            error: other.to_owned(),
+        },
+    })
 }
 
 /// The error for a callback liveness source (or roots) given to a fleet.

@@ -760,12 +760,11 @@ impl PgLoBackend {
     /// A connection in a REPEATABLE READ, READ ONLY transaction: every
     /// window it reads is of one snapshot, so a sweep deleting the object
     /// meanwhile cannot tear the read.
-    async fn snapshot(&self) -> Result<Object> {
+    async fn snapshot(&self) -> Result<InTx> {
         let c = self.pg.conn().await.map_err(|e| rename(e, self))?;
-        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        InTx::begin(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await
-            .map_err(|e| db_err(self, None, e))?;
-        Ok(c)
+            .map_err(|e| db_err(self, None, e))
     }
 }
 
@@ -773,7 +772,7 @@ impl PgLoBackend {
     /// A second connection in `c`'s snapshot (`pg_export_snapshot` /
     /// `SET TRANSACTION SNAPSHOT`), or None when the pool has none to spare
     /// within a moment or the import fails: the read goes on with `c` alone.
-    async fn shared_snapshot(&self, c: &Object) -> Option<Object> {
+    async fn shared_snapshot(&self, c: &Object) -> Option<InTx> {
         let id: String = c
             .query_typed_one("SELECT pg_catalog.pg_export_snapshot()", &[])
             .await
@@ -785,18 +784,14 @@ impl PgLoBackend {
             .ok()?;
         // The id is PostgreSQL's own (hex digits and dashes); quoted anyway.
         let quoted = id.replace('\'', "''");
-        match c2
-            .batch_execute(&format!(
+        InTx::begin(
+            c2,
+            &format!(
                 "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{quoted}'"
-            ))
-            .await
-        {
-            Ok(()) => Some(c2),
-            Err(_) => {
-                let _ = finish(c2, "ROLLBACK").await;
-                None
-            }
-        }
+            ),
+        )
+        .await
+        .ok()
     }
 }
 
@@ -806,16 +801,62 @@ impl fmt::Display for PgLoBackend {
     }
 }
 
-/// Ends a transaction on a pooled connection, or takes the connection out
-/// of the pool (closing it, which rolls the transaction back) if that fails.
-async fn finish(c: Object, sql: &str) -> std::result::Result<(), tokio_postgres::Error> {
-    match c.batch_execute(sql).await {
-        Ok(()) => Ok(()),
-        Err(e) => {
+/// A pooled connection inside a transaction. Dropped before [`finish`]
+/// ends the transaction — an error returned early, or the caller's future
+/// cancelled at an `.await` — it is taken out of the pool and closed, which
+/// rolls the transaction back: a connection is never handed to another
+/// caller in the middle of a transaction.
+pub(crate) struct InTx(Option<Object>);
+
+impl InTx {
+    /// Runs `begin` (e.g. `BEGIN ISOLATION LEVEL …`) on `c`.
+    pub(crate) async fn begin(
+        c: Object,
+        begin: &str,
+    ) -> std::result::Result<InTx, tokio_postgres::Error> {
+        let t = InTx(Some(c));
+        t.batch_execute(begin).await?;
+        Ok(t)
+    }
+
+    /// A connection whose transaction the caller already began.
+    pub(crate) fn adopt(c: Object) -> InTx {
+        InTx(Some(c))
+    }
+
+    /// The connection, still in its transaction, for an owner that takes
+    /// over the same duty (an upload's `Drop`).
+    fn into_object(mut self) -> Object {
+        self.0.take().expect("a live transaction")
+    }
+}
+
+impl std::ops::Deref for InTx {
+    type Target = Object;
+    fn deref(&self) -> &Object {
+        // Emptied only by `finish` and `drop`, which consume it.
+        self.0.as_ref().expect("a live transaction")
+    }
+}
+
+impl Drop for InTx {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
             drop(Object::take(c));
-            Err(e)
         }
     }
+}
+
+/// Ends a transaction (`COMMIT` or `ROLLBACK`) and returns the connection
+/// to the pool, or closes it if that fails.
+pub(crate) async fn finish(
+    mut c: InTx,
+    sql: &str,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    c.batch_execute(sql).await?;
+    // Back to the pool, outside any transaction.
+    drop(c.0.take());
+    Ok(())
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -900,26 +941,20 @@ impl Backend for PgLoBackend {
 impl LargeBackend for PgLoBackend {
     async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
         let c = self.pg.conn().await.map_err(|e| rename(e, self))?;
-        c.batch_execute("BEGIN")
+        let c = InTx::begin(c, "BEGIN")
             .await
             .map_err(|e| db_err(self, None, e))?;
-        let row = match c
+        let row = c
             .query_typed_one(
                 "SELECT alkblobs_lo_create($1)",
                 &[(&self.pg.inner.name, Type::TEXT)],
             )
             .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = finish(c, "ROLLBACK").await;
-                return Err(db_err(self, None, e));
-            }
-        };
+            .map_err(|e| db_err(self, None, e))?;
         let loid: u32 = row.get(0);
         Ok(Box::new(PgLoWrite {
             engine: self,
-            conn: Some(c),
+            conn: Some(c.into_object()),
             loid,
             buf: BytesMut::with_capacity(WINDOW),
             offset: 0,
@@ -1122,10 +1157,11 @@ impl StagedWrite for PgLoWrite<'_> {
 
     async fn commit(mut self: Box<Self>, key: &Key) -> Result<PutOutcome> {
         self.flush().await?;
-        let c = self
-            .conn
-            .take()
-            .ok_or_else(|| Error::engine(self.engine, "upload already finished"))?;
+        let c = InTx::adopt(
+            self.conn
+                .take()
+                .ok_or_else(|| Error::engine(self.engine, "upload already finished"))?,
+        );
         let k = key.as_bytes().to_vec();
         let owner = self.engine.pg.owner();
         let created = c
@@ -1142,7 +1178,7 @@ impl StagedWrite for PgLoWrite<'_> {
         let created: bool = match created {
             Ok(r) => r.get(0),
             Err(e) => {
-                drop(Object::take(c));
+                drop(c);
                 return Err(db_err(self.engine, Some(*key), e));
             }
         };
@@ -1158,7 +1194,7 @@ impl StagedWrite for PgLoWrite<'_> {
 
     async fn abort(mut self: Box<Self>) -> Result<()> {
         if let Some(c) = self.conn.take() {
-            finish(c, "ROLLBACK")
+            finish(InTx::adopt(c), "ROLLBACK")
                 .await
                 .map_err(|e| db_err(self.engine, None, e))?;
         }

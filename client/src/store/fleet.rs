@@ -144,7 +144,9 @@ impl Store {
             )));
         }
         let pg = pg.pinning_for(&owner);
-        let arbiter = Arc::new(FleetArbiter::start(pg.clone(), info, owner).await?);
+        // The arbiter's own two connections (renewal, releases, pin calls).
+        let (control, _) = PgPool::connect(&opts.pg.clone().max_connections(2)).await?;
+        let arbiter = Arc::new(FleetArbiter::start(pg.clone(), control, info, owner).await?);
         let builder = Store::builder()
             .kv(PostgresBackend::new(pg.clone()))
             .arbiter(arbiter)

@@ -14,6 +14,10 @@
 //!   keeps their guards, prints `ready`; on each stdin line `check` it
 //!   confirms its guards, re-puts the lapsed ones and prints
 //!   `lapsed=L restored=R`.
+//! - `fleet-claim-then-die URL POOL DIR`: a fleet instance over the shared
+//!   local tier DIR sweeps; once its claim committed and the claimed files
+//!   are unlinked (before it confirms the delete), prints `claimed` and
+//!   hangs until killed.
 //! - `fleet-race URL POOL TABLE I SECS`: fleet instance I (pg-lo pool)
 //!   puts, pins, writes and deletes liveness rows in TABLE, releases and
 //!   sweeps for SECS seconds, failing (exit 1) if anything it holds a guard
@@ -97,6 +101,26 @@ async fn main() {
                 println!("{}", put.key);
                 let _ = std::io::stdout().flush();
             }
+        }
+        Some("fleet-claim-then-die") => {
+            use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+            let store = Store::open_fleet(FleetOptions::new(
+                &args[2],
+                &args[3],
+                FleetLarge::SharedLocal(args[4].clone().into()),
+            ))
+            .await
+            .expect("open fleet");
+            let opts = SweepOptions::new().hook(|phase| {
+                Box::pin(async move {
+                    if phase == SweepPhase::Claimed {
+                        println!("claimed");
+                        let _ = std::io::stdout().flush();
+                        std::future::pending::<()>().await;
+                    }
+                })
+            });
+            let _ = store.sweep(opts).await;
         }
         Some("fleet-hold") => fleet_hold(&args[2], &args[3], args[4].parse().unwrap()).await,
         Some("fleet-race") => {
