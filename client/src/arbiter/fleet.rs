@@ -472,8 +472,15 @@ impl FleetArbiter {
             dry_run: opts.dry_run,
             ..SweepReport::default()
         };
-        if self.local_tier() && !opts.dry_run {
-            report.staged += self.stage_local_files(pool).await?;
+        if !opts.dry_run {
+            // Staging files of killed writers (a local tier; pg-lo uploads
+            // are reclaimed by the extension's sweep, `uploads_reclaimed`).
+            for engine in pool.engines() {
+                report.reclaimed += engine.reclaim_abandoned().await?;
+            }
+            if self.local_tier() {
+                report.staged += self.stage_local_files(pool).await?;
+            }
         }
         let mut marking = true;
         loop {

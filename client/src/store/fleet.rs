@@ -70,6 +70,10 @@ pub struct FleetOptions {
     /// (host, process, random) when not given. Two live instances must not
     /// share one.
     pub instance: Option<String>,
+    /// On a shared `local` tier: how long an unlocked staging file must be
+    /// untouched before a sweep reclaims it as abandoned (the local
+    /// engine's default when not given).
+    pub staging_grace: Option<std::time::Duration>,
 }
 
 impl FleetOptions {
@@ -80,6 +84,7 @@ impl FleetOptions {
             large,
             threshold: DEFAULT_THRESHOLD,
             instance: None,
+            staging_grace: None,
         }
     }
 
@@ -92,6 +97,13 @@ impl FleetOptions {
     /// Connections kept open.
     pub fn max_connections(mut self, n: usize) -> Self {
         self.pg = self.pg.max_connections(n);
+        self
+    }
+
+    /// How long an unlocked staging file on a shared `local` tier must be
+    /// untouched before a sweep reclaims it as abandoned.
+    pub fn staging_grace(mut self, grace: std::time::Duration) -> Self {
+        self.staging_grace = Some(grace);
         self
     }
 
@@ -154,8 +166,13 @@ impl Store {
         let builder = match opts.large {
             FleetLarge::PgLo => builder.large(PgLoBackend::new(pg)),
             FleetLarge::KvOnly => builder.kv_only(),
-            FleetLarge::SharedLocal(dir) => builder
-                .large(LocalBackend::open(dir, LocalOptions::default().shared_media(true)).await?),
+            FleetLarge::SharedLocal(dir) => {
+                let mut lo = LocalOptions::default().shared_media(true);
+                if let Some(g) = opts.staging_grace {
+                    lo = lo.staging_grace(g);
+                }
+                builder.large(LocalBackend::open(dir, lo).await?)
+            }
         };
         builder.build()
     }

@@ -14,6 +14,9 @@
 //!   keeps their guards, prints `ready`; on each stdin line `check` it
 //!   confirms its guards, re-puts the lapsed ones and prints
 //!   `lapsed=L restored=R`.
+//! - `fleet-crash-puts URL POOL TIER [DIR]`: `crash-puts` as a fleet
+//!   instance (TIER pg-lo, none, or local with the shared directory DIR;
+//!   threshold 1 KiB except kv-only).
 //! - `fleet-claim-then-die URL POOL DIR`: a fleet instance over the shared
 //!   local tier DIR sweeps; once its claim committed and the claimed files
 //!   are unlinked (before it confirms the delete), prints `claimed` and
@@ -100,6 +103,32 @@ async fn main() {
                 let put = store.put(alkblobs_tests::data(i, size)).await.expect("put");
                 println!("{}", put.key);
                 let _ = std::io::stdout().flush();
+            }
+        }
+        Some("fleet-crash-puts") => {
+            use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+            let (large, threshold, sizes) = match args[4].as_str() {
+                "pg-lo" => (FleetLarge::PgLo, 1024, [10, 1_000, 200_000, 6_000_000]),
+                "none" => (FleetLarge::KvOnly, 65_536, [10, 1_000, 30_000, 60_000]),
+                _ => (
+                    FleetLarge::SharedLocal(args[5].clone().into()),
+                    1024,
+                    [10, 1_000, 200_000, 6_000_000],
+                ),
+            };
+            let store = Store::open_fleet(
+                FleetOptions::new(&args[2], &args[3], large).threshold(threshold),
+            )
+            .await
+            .expect("open fleet");
+            for i in 0u64.. {
+                let put = store
+                    .put(alkblobs_tests::data(i, sizes[(i % 4) as usize]))
+                    .await
+                    .expect("put");
+                println!("{}", put.key);
+                let _ = std::io::stdout().flush();
+                std::mem::forget(put.pin);
             }
         }
         Some("fleet-claim-then-die") => {
