@@ -9,4 +9,5 @@ trap 'scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
 psql -X -q "$url" -c "CREATE EXTENSION IF NOT EXISTS alkblobs"
 # benches/pg-bench.sh            the extension's sweep and put (benches/pg.rs)
 # benches/pg-bench.sh pg_engines the client's postgres and pg-lo engines
+# benches/pg-bench.sh pg_fleet   fleet mode: put, renewal, 8 processes
 ALKBLOBS_PG_URL="$url" cargo bench -p alkblobs-benches --bench "${1:-pg}"

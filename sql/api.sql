@@ -835,12 +835,15 @@ BEGIN
     -- A row a sweep holds (deciding its key) is passed over, not waited
     -- for: one long sweep call must not hold back the renewal of every pin
     -- of the instance. The next round (TTL/3 later) renews it.
+    -- (Joined by ctid: whatever plan the estimates pick, each locked row
+    -- is found again by a TID lookup — a key join could be a nested loop
+    -- over 100,000 pins squared.)
     UPDATE alkblobs.pins pn
        SET expires_at = clock_timestamp() + pl.pin_ttl
-      FROM (SELECT x.key FROM alkblobs.pins x
+      FROM (SELECT x.ctid AS t FROM alkblobs.pins x
              WHERE x.pool = pl.id AND x.role = me AND x.owner = $2 AND x.expires_at > clock_timestamp()
                FOR UPDATE SKIP LOCKED) l
-     WHERE pn.pool = pl.id AND pn.role = me AND pn.owner = $2 AND pn.key = l.key;
+     WHERE pn.ctid = l.t;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
