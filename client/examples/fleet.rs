@@ -10,6 +10,10 @@
 //! # large content routed to a storage node) or 'local' (shared media):
 //! cargo run -p alkblobs --features postgres --example fleet -- "$URL" fleet-none none
 //! cargo run -p alkblobs --features postgres --example fleet -- "$URL" fleet-nfs local=/mnt/shared/blobs
+//! # routed: a pool made with large_tier => 'local' whose only large tier is
+//! # one storage node's disk; the other nodes are kv-only and hand large
+//! # content to it (here both roles run in this one process):
+//! cargo run -p alkblobs --features postgres --example fleet -- "$URL" fleet-routed routed=/srv/blobs
 //! ```
 //!
 //! Run it on several nodes at once: each process is one store instance.
@@ -30,14 +34,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = args.next().unwrap_or_else(|| "fleet".into());
     // The fleet-validity rule: the large tier is declared, and must be the
     // pool's own.
-    let large = match args.next().as_deref().unwrap_or("pg-lo") {
+    let mode = args.next().unwrap_or_else(|| "pg-lo".into());
+    if let Some(dir) = mode.strip_prefix("routed=") {
+        return routed(&url, &pool, dir).await;
+    }
+    let large = match mode.as_str() {
         "pg-lo" => FleetLarge::PgLo,
         "none" => FleetLarge::KvOnly,
         other => match other.strip_prefix("local=") {
             // The operator's assertion: this directory is the same shared
             // media on every node.
             Some(dir) => FleetLarge::SharedLocal(dir.into()),
-            None => return Err(format!("{other}: pg-lo, none or local=DIR").into()),
+            None => return Err(format!("{other}: pg-lo, none, local=DIR or routed=DIR").into()),
         },
     };
     let store = Store::open_fleet(FleetOptions::new(&url, &pool, large)).await?;
@@ -81,5 +89,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     );
     store.close().await?;
+    Ok(())
+}
+
+/// The routed topology: a kv-only node refuses large content, hands it to
+/// the storage node (verified against its key there), and fetches it back
+/// verified.
+async fn routed(url: &str, pool: &str, dir: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let storage = Store::open_fleet(FleetOptions::new(
+        url,
+        pool,
+        FleetLarge::SharedLocal(dir.into()),
+    ))
+    .await?;
+    let client = Store::open_fleet(FleetOptions::new(url, pool, FleetLarge::KvOnly)).await?;
+    let video = vec![7u8; 4 << 20];
+    let key = alkblobs::Key::of(&video);
+    match client.put(video.clone()).await {
+        Err(alkblobs::Error::TooLarge { .. }) => {
+            // Over the threshold on a kv-only node: route it. (Between
+            // nodes this is the request a client node sends; the storage
+            // node stores it only if it hashes to the key.)
+            let put = storage.put_verified(&key, video).await?;
+            println!(
+                "routed {} ({} bytes) to the storage node",
+                put.key, put.size
+            );
+            drop(put.pin);
+        }
+        other => return Err(format!("a kv-only node took a large put: {other:?}").into()),
+    }
+    let back = storage.get_verified(&key).await?.ok_or("gone")?;
+    println!("fetched it back verified: {} bytes", back.len());
+    client.close().await?;
+    storage.close().await?;
     Ok(())
 }

@@ -93,15 +93,32 @@ fn now() -> SweepOptions {
 async fn the_fleet_validity_rule_and_fleet_only_liveness() {
     let c = connect().await;
     let lo = fleet_pool("fl-rule", "60 seconds", "pg-lo").await;
-    for bad in [FleetLarge::KvOnly, FleetLarge::SharedLocal("/tmp/x".into())] {
-        let e = Store::open_fleet(FleetOptions::new(url(), &lo, bad.clone()))
-            .await
-            .expect_err("a large tier other than the pool's");
-        assert!(
-            matches!(&e, Error::Config(m) if m.contains("fleet-validity rule") && m.contains("FleetLarge::PgLo")),
-            "{bad:?}: {e}"
-        );
-    }
+    let e = Store::open_fleet(FleetOptions::new(
+        url(),
+        &lo,
+        FleetLarge::SharedLocal("/tmp/x".into()),
+    ))
+    .await
+    .expect_err("a large tier other than the pool's");
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("fleet-validity rule") && m.contains("FleetLarge::PgLo")),
+        "{e}"
+    );
+    let local = fleet_pool("fl-rule-local", "60 seconds", "local").await;
+    let e = Store::open_fleet(FleetOptions::new(url(), &local, FleetLarge::PgLo))
+        .await
+        .expect_err("pg-lo over a local-tier pool");
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("fleet-validity rule") && m.contains("SharedLocal")),
+        "{e}"
+    );
+    // A kv-only node is sound over any pool (routed); it refuses large puts.
+    let client = open(&local, FleetLarge::KvOnly).await;
+    let e = client
+        .put(vec![1u8; 100_000])
+        .await
+        .expect_err("a large put on a kv-only node");
+    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
     let single = pool_with(&c, "fl-single", "0 seconds", "60 seconds", "pg-lo", true).await;
     let e = Store::open_fleet(FleetOptions::new(url(), &single, FleetLarge::PgLo))
         .await

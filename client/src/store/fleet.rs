@@ -14,13 +14,16 @@
 //!   rename, close-to-open consistency); pin rows commit before a file is
 //!   renamed into place, and the sweep deletes a file only under the
 //!   database's arbitration;
-//! - [`FleetLarge::KvOnly`]: no large tier (routed): puts over the
-//!   threshold are refused, and a storage node serves large content through
-//!   the verified put/fetch path.
+//! - [`FleetLarge::KvOnly`]: no large tier on this node (routed): puts
+//!   over the threshold are refused with [`Error::TooLarge`], and a storage
+//!   node — a fleet store of the same pool with its large tier — takes and
+//!   serves large content through the verified path
+//!   ([`Store::put_verified`], [`Store::get_verified`]).
 //!
-//! The declaration must match the pool's own (`alkblobs_pools.large_tier`:
-//! `pg-lo`, `local`, `none`): every node of a fleet then uses the same
-//! tier. Anything else is refused naming the rule.
+//! A `PgLo` or `SharedLocal` declaration must match the pool's own
+//! (`alkblobs_pools.large_tier`: `pg-lo`, `local`): every node that stores
+//! large content uses the same tier. `KvOnly` is sound over any pool.
+//! Anything else is refused naming the rule.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -134,7 +137,9 @@ impl Store {
                 info.name
             )));
         }
-        if opts.large.pool_tier() != info.large_tier {
+        // A kv-only node stores no large content, which is sound over any
+        // pool (routed: a storage node holds the pool's large tier).
+        if opts.large != FleetLarge::KvOnly && opts.large.pool_tier() != info.large_tier {
             return Err(Error::Config(format!(
                 "the fleet-validity rule: every node of a fleet declares the pool's large tier, and pool {:?} keeps large content in {:?}, not {:?} ({}). Declare {}",
                 info.name,
