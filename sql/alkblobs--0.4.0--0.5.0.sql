@@ -19,9 +19,10 @@
 -- * alkblobs_pin pins a published file of a local-tier pool too (it
 --   returned false for every key that was not an entry);
 -- * a claim of local-tier files commits tombstones (files.deleting_since)
---   before its caller unlinks anything, and the caller removes them with
---   alkblobs_local_deleted (granted to alkblobs_sweeper) once the files are
---   gone; alkblobs_pin_new of a tombstoned key fails with 55006 until
+--   before its caller unlinks anything; the caller then locks them
+--   (alkblobs_local_deleting), unlinks the files and removes them
+--   (alkblobs_local_deleted) in one transaction (both granted to
+--   alkblobs_sweeper); alkblobs_pin_new of a tombstoned key fails with 55006 until
 --   then, and the next claim hands out tombstones a dead claimer left (the
 --   0.4.0 claim held its rows until the caller committed, and a caller
 --   that died after unlinking left records of files that were gone);
@@ -804,6 +805,9 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Use alkblobs_put, or alkblobs_lo_create/_lo_write/_lo_commit for pg-lo pools.';
     END IF;
+    -- The staged row first, then the record: the order a claim locks them
+    -- in, so the two cannot deadlock.
+    DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
     INSERT INTO alkblobs.files AS f (pool, key) VALUES (pl.id, $2)
     ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET recorded_at = f.recorded_at
     RETURNING f.deleting_since INTO tomb;
@@ -816,7 +820,6 @@ BEGIN
             USING ERRCODE = 'object_in_use',
                   HINT = 'The claiming sweep removes the tombstone when its files are gone (alkblobs_local_deleted); if it died, the next sweep finishes its claim.';
     END IF;
-    DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
     PERFORM alkblobs.pin_row(pl, $2, $3);
 END $$;
 
@@ -871,6 +874,7 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
     me oid := alkblobs.caller();
     n bigint;
+    skipped bigint;
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_renew');
     PERFORM alkblobs.check_owner($2);
@@ -887,6 +891,14 @@ BEGIN
                FOR UPDATE SKIP LOCKED) l
      WHERE pn.ctid = l.t;
     GET DIAGNOSTICS n = ROW_COUNT;
+    -- A row passed over because a sweep holds it, and close to expiry:
+    -- wait for the sweep call (bounded) rather than let it lapse.
+    UPDATE alkblobs.pins pn
+       SET expires_at = clock_timestamp() + pl.pin_ttl
+     WHERE pn.pool = pl.id AND pn.role = me AND pn.owner = $2
+       AND pn.expires_at > clock_timestamp() AND pn.expires_at < clock_timestamp() + pl.pin_ttl / 2;
+    GET DIAGNOSTICS skipped = ROW_COUNT;
+    n := n + skipped;
     RETURN n;
 END $$;
 
@@ -1929,9 +1941,36 @@ BEGIN
     RETURN QUERY SELECT d FROM unnest(dead) d ORDER BY d;
 END $$;
 
--- Removes the tombstones of files the caller deleted after claiming them
--- (alkblobs_claim_local); at most 10,000 keys. Returns how many it removed.
--- Until then the keys cannot be recorded afresh (alkblobs_pin_new: 55006).
+-- Phase 2 of a claim, in one transaction: alkblobs_local_deleting(pool,
+-- keys) locks the tombstones of `keys` (waiting for another claimer that
+-- holds one) and returns the keys that are still tombstones — the files
+-- the caller may unlink now; the caller unlinks exactly those and removes
+-- their tombstones with alkblobs_local_deleted, then commits. A second
+-- claimer handed the same tombstone (its first claimer looked dead) waits
+-- here, then finds it gone and unlinks nothing — even if the key was
+-- published afresh meanwhile. A caller that dies releases the locks and
+-- leaves the tombstones for the next claim. At most 10,000 keys.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_local_deleting(pool text, keys bytea[])
+RETURNS SETOF bytea
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+BEGIN
+    PERFORM alkblobs.require_read_committed('alkblobs_local_deleting');
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_local_deleting');
+    PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.max_keys($2, 10000);
+    RETURN QUERY
+        SELECT t.key FROM (
+            SELECT f.key FROM alkblobs.files f
+             WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NOT NULL
+             ORDER BY f.key FOR UPDATE) t;
+END $$;
+
+-- Removes the tombstones of files the caller unlinked (see above); at most
+-- 10,000 keys. Returns how many it removed. Until then the keys cannot be
+-- recorded afresh (alkblobs_pin_new: 55006).
 CREATE OR REPLACE FUNCTION @extschema@.alkblobs_local_deleted(pool text, keys bytea[])
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
@@ -2099,7 +2138,8 @@ BEGIN
                 SELECT u.key, min(u.tier) AS tier FROM (
                     SELECT e.key, e.tier FROM alkblobs.entries e WHERE e.pool = $1 AND e.key > $4
                     UNION ALL
-                    SELECT f.key, 'local' FROM alkblobs.files f WHERE f.pool = $1 AND f.key > $4) u
+                    SELECT f.key, 'local' FROM alkblobs.files f
+                     WHERE f.pool = $1 AND f.key > $4 AND f.deleting_since IS NULL) u
                  GROUP BY u.key ORDER BY u.key LIMIT $5),
             -- Pins and staged rows of the slice by `key = ANY(array)`:
             -- an index lookup whatever the (often stale) row estimates
@@ -2129,7 +2169,8 @@ BEGIN
             USING pl.id, clock_timestamp(), v_mark_id, v_cursor, v_keys, v_dry;
         mark_done := v_last IS NULL
             OR (NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key > v_last)
-                AND NOT EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key > v_last));
+                AND NOT EXISTS (SELECT 1 FROM alkblobs.files f
+                                 WHERE f.pool = pl.id AND f.key > v_last AND f.deleting_since IS NULL));
         IF v_dry THEN
             NULL;
         ELSIF mark_done THEN
@@ -2598,6 +2639,7 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_stage(text, bytea[]),
     @extschema@.alkblobs_claim_local(text, integer),
+    @extschema@.alkblobs_local_deleting(text, bytea[]),
     @extschema@.alkblobs_local_deleted(text, bytea[]),
     @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer),
     @extschema@.alkblobs_delete(text, bytea[]),

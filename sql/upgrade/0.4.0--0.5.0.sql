@@ -15,9 +15,10 @@
 -- * alkblobs_pin pins a published file of a local-tier pool too (it
 --   returned false for every key that was not an entry);
 -- * a claim of local-tier files commits tombstones (files.deleting_since)
---   before its caller unlinks anything, and the caller removes them with
---   alkblobs_local_deleted (granted to alkblobs_sweeper) once the files are
---   gone; alkblobs_pin_new of a tombstoned key fails with 55006 until
+--   before its caller unlinks anything; the caller then locks them
+--   (alkblobs_local_deleting), unlinks the files and removes them
+--   (alkblobs_local_deleted) in one transaction (both granted to
+--   alkblobs_sweeper); alkblobs_pin_new of a tombstoned key fails with 55006 until
 --   then, and the next claim hands out tombstones a dead claimer left (the
 --   0.4.0 claim held its rows until the caller committed, and a caller
 --   that died after unlinking left records of files that were gone);

@@ -974,3 +974,97 @@ async fn put_many_racing_a_delete_never_reports_gone_content_stored() {
         }
     }
 }
+
+/// Two claimers handed the same tombstone (the second claim re-hands
+/// tombstones whose claimer looks dead): the first locks it, unlinks and
+/// removes it; the key is published afresh; the second then locks nothing
+/// and so unlinks nothing (0.5.0 review: without the lock-and-check phase
+/// it would have unlinked the republished file). The claim and a pin_new
+/// of a staged key with no record take their locks in the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_handed_tombstone_never_unlinks_a_republished_file() {
+    let c = connect().await;
+    let pool = local_pool(&c, "tomb-twice").await;
+    let k = key(b"claimed by two");
+    publish_file(&c, &pool, &k, "node-a").await;
+    c.execute("SELECT alkblobs_unpin($1, $2, 'node-a')", &[&pool, &k])
+        .await
+        .unwrap();
+    try_sweep(&c, &pool).await.unwrap();
+    // A's claim commits the tombstone; B's claim is handed it again.
+    let a = connect().await;
+    let b = connect().await;
+    assert_eq!(claim_keys(&a, &pool).await, vec![k.clone()]);
+    assert_eq!(
+        claim_keys(&b, &pool).await,
+        vec![k.clone()],
+        "a tombstone is handed out again"
+    );
+    // A: lock, "unlink", remove, commit.
+    a.batch_execute("BEGIN").await.unwrap();
+    let mine = a
+        .query(
+            "SELECT * FROM alkblobs_local_deleting($1, ARRAY[$2::bytea])",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+    assert_eq!(mine.len(), 1);
+    // B's phase 2 waits for A's.
+    b.batch_execute("BEGIN").await.unwrap();
+    let b_pid = pid(&b).await;
+    let (p2, k2) = (pool.clone(), k.clone());
+    let b_turn = tokio::spawn(async move {
+        let r = b
+            .query(
+                "SELECT * FROM alkblobs_local_deleting($1, ARRAY[$2::bytea])",
+                &[&p2, &k2],
+            )
+            .await
+            .unwrap()
+            .len();
+        (b, r)
+    });
+    assert!(waits_on_lock(&c, b_pid).await, "B did not wait for A");
+    a.query(
+        "SELECT alkblobs_local_deleted($1, ARRAY[$2::bytea])",
+        &[&pool, &k],
+    )
+    .await
+    .unwrap();
+    a.batch_execute("COMMIT").await.unwrap();
+    let (b, b_may_unlink) = b_turn.await.unwrap();
+    assert_eq!(b_may_unlink, 0, "B would unlink a file it no longer owns");
+    b.batch_execute("COMMIT").await.unwrap();
+    // The same, with the key published afresh before the late claimer's
+    // phase 2: it must not take the live record for its tombstone.
+    assert_eq!(claim_keys(&a, &pool).await, Vec::<Vec<u8>>::new());
+    publish_file(&c, &pool, &k, "node-w").await;
+    let late = c
+        .query(
+            "SELECT * FROM alkblobs_local_deleting($1, ARRAY[$2::bytea])",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+    assert!(
+        late.is_empty(),
+        "a late claimer would unlink a republished file"
+    );
+    // Republished: referencable.
+    let t = table_name(&pool, "tomb_refs");
+    c.batch_execute(&format!("CREATE TABLE {t} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    register(&c, &pool, &t).await.unwrap();
+    reference(&c, &t, &k).await.unwrap();
+}
+
+async fn claim_keys(c: &Client, pool: &str) -> Vec<Vec<u8>> {
+    c.query("SELECT * FROM alkblobs_claim_local($1)", &[&pool])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, Vec<u8>>(0))
+        .collect()
+}

@@ -19,8 +19,8 @@
 //!   every TTL/3 — one statement per round, whatever the number of pins.
 //!   The extension renews only un-expired pins: a lapsed pin stays lapsed.
 //!   Before a holder relies on its pins ([`Arbiter::confirm`]) the arbiter
-//!   checks them in the database if its last successful renewal is older
-//!   than TTL/2, and fails with [`Error::PinExpired`] for a lapsed one.
+//!   asks the database (`alkblobs_pins_held`) and fails with
+//!   [`Error::PinExpired`] for a lapsed one.
 //! - **Sweeps** are `alkblobs_sweep` calls (each one transaction under the
 //!   pool's advisory lock) until the mark is done and nothing due is left,
 //!   while this instance holds the pool's sweep lease: a transaction on its
@@ -28,7 +28,9 @@
 //!   instances sweeping at once exactly one does the work and the other
 //!   reports [`GcAbortCause::SweeperLock`]. A `local` tier's files are
 //!   enumerated, staged through the extension and deleted only under its
-//!   arbitration (`alkblobs_claim_local`).
+//!   arbitration: a claim commits tombstones (`alkblobs_claim_local`), then
+//!   one transaction locks them, unlinks the files and removes them
+//!   (`alkblobs_local_deleting`, `alkblobs_local_deleted`).
 //! - The pool's delete window and pin TTL are read from the database when
 //!   the store opens, never taken from client defaults.
 
@@ -612,8 +614,23 @@ impl FleetArbiter {
             if rows.is_empty() {
                 return Ok(());
             }
-            let mut done: Vec<Vec<u8>> = Vec::with_capacity(rows.len());
-            for r in &rows {
+            // Phase 2, one transaction: lock the tombstones (a claimer
+            // handed the same ones waits, then finds them gone), unlink
+            // exactly the files still tombstoned, remove their tombstones.
+            let claimed: Vec<Vec<u8>> = rows.iter().map(|r| r.get(0)).collect();
+            let c = s.pg.conn().await?;
+            let t = InTx::begin(c, "BEGIN ISOLATION LEVEL READ COMMITTED")
+                .await
+                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+            let mine = t
+                .query_typed(
+                    "SELECT k FROM alkblobs_local_deleting($1, $2) k",
+                    &[(&s.info.name, Type::TEXT), (&claimed, Type::BYTEA_ARRAY)],
+                )
+                .await
+                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+            let mut done: Vec<Vec<u8>> = Vec::with_capacity(mine.len());
+            for r in &mine {
                 let kb: Vec<u8> = r.get(0);
                 let k = key_of(&kb)?;
                 report.executed += 1;
@@ -633,13 +650,15 @@ impl FleetArbiter {
             }
             // (Test support: a sweeper that dies here leaves tombstones.)
             opts.run_hook(SweepPhase::Claimed).await;
-            s.pg.rows(
-                &s.pg,
-                None,
+            t.query_typed(
                 "SELECT alkblobs_local_deleted($1, $2)",
                 &[(&s.info.name, Type::TEXT), (&done, Type::BYTEA_ARRAY)],
             )
-            .await?;
+            .await
+            .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+            finish(t, "COMMIT")
+                .await
+                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
             if rows.len() < CLAIM_BATCH as usize || done.len() < rows.len() {
                 return Ok(());
             }
