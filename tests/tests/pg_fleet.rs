@@ -224,16 +224,16 @@ async fn pin_rows_follow_the_guards() {
     drop(kept);
 }
 
-/// Renewal: with a pin TTL of 2 s, a guard held for 5 s keeps its entry
+/// Renewal: with a pin TTL of 3 s, a guard held for 7.5 s keeps its entry
 /// through sweeps by another instance every 500 ms (the renewal task runs
 /// every TTL/3); the pool's TTL is the one applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_keeps_a_held_pin_past_its_ttl() {
-    let pool = fleet_pool("fl-renew", "2 seconds", "none").await;
+    let pool = fleet_pool("fl-renew", "3 seconds", "none").await;
     let a = open(&pool, FleetLarge::KvOnly).await;
     let b = open(&pool, FleetLarge::KvOnly).await;
     let held = a.put(b"renewed while held".to_vec()).await.unwrap();
-    for _ in 0..10 {
+    for _ in 0..15 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let r = b.sweep(now()).await.unwrap();
         assert!(r.aborted.is_none(), "{r:?}");
@@ -301,7 +301,8 @@ async fn two_sweepers_one_does_the_work() {
     assert_eq!(first.deleted, 20, "{first:?}");
 }
 
-/// An instance stopped (SIGSTOP) past its pins' TTL while it holds them:
+/// An instance stopped (SIGSTOP, 4 s) past its pins' TTL (3 s) while it
+/// holds them:
 /// the pins expire and another instance's sweep reaps them and collects
 /// the content; after SIGCONT the stopped instance's check of its guards
 /// gets the typed "lapsed, re-put" error and a re-put restores the content
@@ -309,7 +310,7 @@ async fn two_sweepers_one_does_the_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_instance_loses_its_pins_and_recovers_by_re_putting() {
     use std::io::{BufRead, BufReader, Write};
-    let pool = fleet_pool("fl-stop", "2 seconds", "none").await;
+    let pool = fleet_pool("fl-stop", "3 seconds", "none").await;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
         .args(["fleet-hold", &url(), &pool, "5"])
         .stdin(std::process::Stdio::piped())
@@ -323,13 +324,13 @@ async fn a_stopped_instance_loses_its_pins_and_recovers_by_re_putting() {
     assert_eq!(line.trim(), "ready", "helper: {line}");
     let pid = child.id() as i32;
     let other = open(&pool, FleetLarge::KvOnly).await;
-    // Held and renewed: sweeps keep them.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Held and renewed past the TTL: sweeps keep them.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let r = other.sweep(now()).await.unwrap();
     assert_eq!(r.deleted, 0, "held pins lost their entries: {r:?}");
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    tokio::time::sleep(Duration::from_millis(3000)).await;
+    tokio::time::sleep(Duration::from_millis(4000)).await;
     let r = other.sweep(now()).await.unwrap();
     assert_eq!(r.pins_reaped, 5, "{r:?}");
     assert_eq!(r.deleted, 5, "expired pins protect nothing: {r:?}");
@@ -343,7 +344,7 @@ async fn a_stopped_instance_loses_its_pins_and_recovers_by_re_putting() {
         "the helper's view after SIGCONT"
     );
     // The re-puts restored every blob, pinned again and renewed.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     let r = other.sweep(now()).await.unwrap();
     assert_eq!(r.deleted, 0, "re-put blobs were collected: {r:?}");
     for i in 0..5u32 {
