@@ -26,9 +26,15 @@
 --   then, and the next claim hands out tombstones a dead claimer left (the
 --   0.4.0 claim held its rows until the caller committed, and a caller
 --   that died after unlinking left records of files that were gone);
--- * alkblobs_renew passes over pin rows a sweep holds instead of waiting;
+-- * alkblobs_renew passes over pin rows a sweep holds instead of waiting
+--   (and waits for those within half a TTL of expiry);
+-- * alkblobs_local_published(pool, keys, owner) marks a file published only
+--   under the caller's own un-expired pin on it;
 -- * the alkblobs_pools view shows each pool's id (pool_id, the object id of
 --   its advisory locks).
+
+-- Functions whose argument list changed.
+DROP FUNCTION @extschema@.alkblobs_local_published(text, bytea[]);
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."first_bad"("keys" bytea[], "vals" bytea[]) RETURNS integer
@@ -828,7 +834,7 @@ END $$;
 -- may name them. Returns the keys it marked: a key missing from the result
 -- has no record any more (a claim collected it, or it was never recorded)
 -- and must be put again. Waits out a claim deciding one of the keys.
-CREATE OR REPLACE FUNCTION @extschema@.alkblobs_local_published(pool text, keys bytea[])
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_local_published(pool text, keys bytea[], owner text)
 RETURNS SETOF bytea
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -836,12 +842,19 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
 BEGIN
     PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.check_owner($3);
     IF cardinality($2) > 10000 THEN
         RAISE EXCEPTION 'at most 10000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Only under the caller's own un-expired pin: a holder that stalled
+    -- past its TTL must not publish a record someone else made meanwhile
+    -- (its own file may have been claimed and unlinked since).
     RETURN QUERY
         UPDATE alkblobs.files f SET published = true
          WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NULL
+           AND EXISTS (SELECT 1 FROM alkblobs.pins pn
+                        WHERE pn.pool = pl.id AND pn.key = f.key AND pn.role = alkblobs.caller()
+                          AND pn.owner = $3 AND pn.expires_at > clock_timestamp())
         RETURNING f.key;
 END $$;
 
@@ -2626,7 +2639,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_single_roots_set(text, bytea[], boolean),
     @extschema@.alkblobs_pin(text, bytea, text),
     @extschema@.alkblobs_pin_new(text, bytea, text),
-    @extschema@.alkblobs_local_published(text, bytea[]),
+    @extschema@.alkblobs_local_published(text, bytea[], text),
     @extschema@.alkblobs_unpin(text, bytea, text),
     @extschema@.alkblobs_renew(text, text),
     @extschema@.alkblobs_pins_held(text, text, bytea[]),

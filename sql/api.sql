@@ -785,7 +785,7 @@ END $$;
 -- may name them. Returns the keys it marked: a key missing from the result
 -- has no record any more (a claim collected it, or it was never recorded)
 -- and must be put again. Waits out a claim deciding one of the keys.
-CREATE FUNCTION @extschema@.alkblobs_local_published(pool text, keys bytea[])
+CREATE FUNCTION @extschema@.alkblobs_local_published(pool text, keys bytea[], owner text)
 RETURNS SETOF bytea
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -793,12 +793,19 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
 BEGIN
     PERFORM alkblobs.not_null($2, 'keys');
+    PERFORM alkblobs.check_owner($3);
     IF cardinality($2) > 10000 THEN
         RAISE EXCEPTION 'at most 10000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Only under the caller's own un-expired pin: a holder that stalled
+    -- past its TTL must not publish a record someone else made meanwhile
+    -- (its own file may have been claimed and unlinked since).
     RETURN QUERY
         UPDATE alkblobs.files f SET published = true
          WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NULL
+           AND EXISTS (SELECT 1 FROM alkblobs.pins pn
+                        WHERE pn.pool = pl.id AND pn.key = f.key AND pn.role = alkblobs.caller()
+                          AND pn.owner = $3 AND pn.expires_at > clock_timestamp())
         RETURNING f.key;
 END $$;
 

@@ -174,7 +174,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_single_roots_set(text, bytea[], boolean),
     @extschema@.alkblobs_pin(text, bytea, text),
     @extschema@.alkblobs_pin_new(text, bytea, text),
-    @extschema@.alkblobs_local_published(text, bytea[]),
+    @extschema@.alkblobs_local_published(text, bytea[], text),
     @extschema@.alkblobs_unpin(text, bytea, text),
     @extschema@.alkblobs_renew(text, text),
     @extschema@.alkblobs_pins_held(text, text, bytea[]),

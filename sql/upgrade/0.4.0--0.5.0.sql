@@ -22,9 +22,15 @@
 --   then, and the next claim hands out tombstones a dead claimer left (the
 --   0.4.0 claim held its rows until the caller committed, and a caller
 --   that died after unlinking left records of files that were gone);
--- * alkblobs_renew passes over pin rows a sweep holds instead of waiting;
+-- * alkblobs_renew passes over pin rows a sweep holds instead of waiting
+--   (and waits for those within half a TTL of expiry);
+-- * alkblobs_local_published(pool, keys, owner) marks a file published only
+--   under the caller's own un-expired pin on it;
 -- * the alkblobs_pools view shows each pool's id (pool_id, the object id of
 --   its advisory locks).
+
+-- Functions whose argument list changed.
+DROP FUNCTION @extschema@.alkblobs_local_published(text, bytea[]);
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."first_bad"("keys" bytea[], "vals" bytea[]) RETURNS integer

@@ -223,8 +223,8 @@ pub async fn publish_file(c: &Client, pool: &str, key: &[u8], owner: &str) {
     .expect("alkblobs_pin_new");
     let marked = c
         .query(
-            "SELECT * FROM alkblobs_local_published($1, ARRAY[$2::bytea])",
-            &[&pool, &key],
+            "SELECT * FROM alkblobs_local_published($1, ARRAY[$2::bytea], $3)",
+            &[&pool, &key, &owner],
         )
         .await
         .expect("alkblobs_local_published");

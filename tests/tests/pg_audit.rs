@@ -313,7 +313,7 @@ async fn a_local_pool_refuses_references_to_content_it_does_not_hold() {
     assert_eq!(reference(&c, &t, &gone).await, Err("AB002".into()));
     let confirmed = c
         .query(
-            "SELECT * FROM alkblobs_local_published($1, ARRAY[$2::bytea])",
+            "SELECT * FROM alkblobs_local_published($1, ARRAY[$2::bytea], 'node-a')",
             &[&pool, &gone],
         )
         .await
@@ -1067,4 +1067,42 @@ async fn claim_keys(c: &Client, pool: &str) -> Vec<Vec<u8>> {
         .iter()
         .map(|r| r.get::<_, Vec<u8>>(0))
         .collect()
+}
+
+/// A file is marked published only under the caller's own un-expired pin
+/// (0.5.0 review: a holder that stalled past its TTL could otherwise mark
+/// a record another node made after its own file was claimed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_published_needs_the_callers_own_pin() {
+    let c = connect().await;
+    let pool = local_pool(&c, "pub-own").await;
+    let k = key(b"published under whose pin");
+    c.execute("SELECT alkblobs_pin_new($1, $2, 'node-a')", &[&pool, &k])
+        .await
+        .unwrap();
+    let mark = |owner: &'static str| {
+        let (c, pool, k) = (&c, pool.clone(), k.clone());
+        async move {
+            c.query(
+                "SELECT * FROM alkblobs_local_published($1, ARRAY[$2::bytea], $3)",
+                &[&pool, &k, &owner],
+            )
+            .await
+            .unwrap()
+            .len()
+        }
+    };
+    assert_eq!(
+        mark("node-b").await,
+        0,
+        "published under someone else's pin"
+    );
+    c.execute("SELECT alkblobs_unpin($1, $2, 'node-a')", &[&pool, &k])
+        .await
+        .unwrap();
+    assert_eq!(mark("node-a").await, 0, "published without a pin");
+    c.execute("SELECT alkblobs_pin_new($1, $2, 'node-a')", &[&pool, &k])
+        .await
+        .unwrap();
+    assert_eq!(mark("node-a").await, 1);
 }

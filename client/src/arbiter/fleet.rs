@@ -202,9 +202,11 @@ impl Shared {
         let mut failed = Vec::new();
         for chunk in keys.chunks(BATCH) {
             let ks: Vec<Vec<u8>> = chunk.iter().map(|k| k.as_bytes().to_vec()).collect();
-            let r = self
-                .control
-                .rows(
+            // Bounded: a call stuck on a dead connection must not keep the
+            // keys' waiters (pins of these keys) waiting for ever.
+            let r = tokio::time::timeout(
+                self.call_limit(),
+                self.control.rows(
                     &self.control,
                     None,
                     "SELECT alkblobs_unpin_many($1, $2, $3)",
@@ -213,8 +215,10 @@ impl Shared {
                         (&self.owner, Type::TEXT),
                         (&ks, Type::BYTEA_ARRAY),
                     ],
-                )
-                .await;
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| Err(Error::engine(&self.control, "releasing pins timed out")));
             if let Err(e) = r {
                 tracing::warn!(pool = %self.name(), error = %e, keys = chunk.len(), "releasing pins failed; retrying");
                 failed.extend_from_slice(chunk);
@@ -233,18 +237,27 @@ impl Shared {
         }
     }
 
+    /// How long a renewal or release call may take before it is given up
+    /// (and retried): a third of the TTL, so a call stuck on a dead
+    /// connection leaves time for the next round.
+    fn call_limit(&self) -> Duration {
+        self.info.pin_ttl / 3
+    }
+
     /// One renewal round: every un-expired pin row of this instance, one
-    /// statement.
+    /// statement, bounded by [`Shared::call_limit`].
     async fn renew(&self) -> Result<i64> {
-        let rows = self
-            .control
-            .rows(
+        let rows = tokio::time::timeout(
+            self.call_limit(),
+            self.control.rows(
                 &self.control,
                 None,
                 "SELECT alkblobs_renew($1, $2)",
                 &[(&self.info.name, Type::TEXT), (&self.owner, Type::TEXT)],
-            )
-            .await?;
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| Err(Error::engine(&self.control, "renewing pins timed out")))?;
         Ok(rows.first().map(|r| r.get::<_, i64>(0)).unwrap_or(0))
     }
 
@@ -544,7 +557,14 @@ impl FleetArbiter {
                 break;
             }
             if !marking && (report.remaining == 0 || n(4) == 0) {
-                if local_due > 0 || self.local_tier() {
+                if self.local_tier() && pool.large().is_none() {
+                    // A kv-only node does not see the shared files: their
+                    // due rows wait for a node that does (said, not hidden).
+                    if local_due > 0 {
+                        tracing::warn!(pool = %s.name(), local_due, "due files left for a sweep by a node with the shared local tier");
+                        report.remaining += local_due;
+                    }
+                } else if local_due > 0 || self.local_tier() {
                     self.claim_local(pool, opts, &mut report).await?;
                 }
                 break;
@@ -750,8 +770,12 @@ impl Arbiter for FleetArbiter {
                 s.pg.rows(
                     &s.pg,
                     chunk.first().copied(),
-                    "SELECT k FROM alkblobs_local_published($1, $2) k",
-                    &[(&s.info.name, Type::TEXT), (&ks, Type::BYTEA_ARRAY)],
+                    "SELECT k FROM alkblobs_local_published($1, $2, $3) k",
+                    &[
+                        (&s.info.name, Type::TEXT),
+                        (&ks, Type::BYTEA_ARRAY),
+                        (&s.owner, Type::TEXT),
+                    ],
                 )
                 .await?;
             for r in rows {

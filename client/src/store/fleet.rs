@@ -130,6 +130,14 @@ impl Store {
     /// single-instance pool, or the declared large tier breaks the
     /// fleet-validity rule (see the module docs).
     pub async fn open_fleet(opts: FleetOptions) -> Result<Store> {
+        if opts.pg.max_connections < 3 {
+            // A sweep holds its lease on one connection and runs its calls
+            // on another; a streaming read or an upload may hold a third.
+            return Err(Error::Config(format!(
+                "a fleet store needs at least 3 connections (a sweep's lease, its calls, and the work it races), got {}",
+                opts.pg.max_connections
+            )));
+        }
         let (pg, info) = PgPool::connect(&opts.pg).await?;
         if info.mode != "fleet" {
             return Err(Error::Config(format!(
