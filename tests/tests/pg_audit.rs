@@ -1106,3 +1106,75 @@ async fn local_published_needs_the_callers_own_pin() {
         .unwrap();
     assert_eq!(mark("node-a").await, 1);
 }
+
+/// The 0.5.0 tombstone protocol at each isolation level a caller may run:
+/// `pin_new` of a tombstoned key is refused (55006) at all three; phase 2
+/// (`alkblobs_local_deleting`) runs only at READ COMMITTED (AB003
+/// otherwise); and a writer whose snapshot predates the claim cannot mark
+/// the claimed file published — at READ COMMITTED it finds the tombstone
+/// and marks nothing, at REPEATABLE READ and SERIALIZABLE it gets 40001.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tombstones_hold_at_every_isolation_level() {
+    let c = connect().await;
+    for iso in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let pool = local_pool(&c, "tomb-iso").await;
+        let k = key(format!("tombstone at {iso}").as_bytes());
+        publish_file(&c, &pool, &k, "node-a").await;
+        // A writer that will publish again, its snapshot taken now.
+        let w = connect().await;
+        w.batch_execute(&format!("BEGIN ISOLATION LEVEL {iso}; SELECT 1"))
+            .await
+            .unwrap();
+        c.execute("SELECT alkblobs_unpin($1, $2, 'node-a')", &[&pool, &k])
+            .await
+            .unwrap();
+        try_sweep(&c, &pool).await.unwrap();
+        assert_eq!(claim_keys(&c, &pool).await, vec![k.clone()], "{iso}");
+        let marked = w
+            .query(
+                "SELECT * FROM alkblobs_local_published($1, ARRAY[$2::bytea], 'node-a')",
+                &[&pool, &k],
+            )
+            .await
+            .map(|r| r.len())
+            .map_err(|e| sqlstate(&e));
+        let want = if iso == "READ COMMITTED" {
+            Ok(0)
+        } else {
+            Err("40001".to_string())
+        };
+        assert_eq!(marked, want, "{iso}: a claimed file was marked published");
+        let _ = w.batch_execute("ROLLBACK").await;
+        // pin_new of the tombstoned key, in a transaction at this level.
+        let p = connect().await;
+        p.batch_execute(&format!("BEGIN ISOLATION LEVEL {iso}"))
+            .await
+            .unwrap();
+        let e = p
+            .execute("SELECT alkblobs_pin_new($1, $2, 'node-b')", &[&pool, &k])
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&e), "55006", "{iso}: a tombstoned key was recorded");
+        let _ = p.batch_execute("ROLLBACK").await;
+        // Phase 2 only at READ COMMITTED.
+        let d = connect().await;
+        d.batch_execute(&format!("BEGIN ISOLATION LEVEL {iso}"))
+            .await
+            .unwrap();
+        let r = d
+            .query(
+                "SELECT * FROM alkblobs_local_deleting($1, ARRAY[$2::bytea])",
+                &[&pool, &k],
+            )
+            .await
+            .map(|r| r.len())
+            .map_err(|e| sqlstate(&e));
+        let want = if iso == "READ COMMITTED" {
+            Ok(1)
+        } else {
+            Err("AB003".to_string())
+        };
+        assert_eq!(r, want, "{iso}");
+        let _ = d.batch_execute("ROLLBACK").await;
+    }
+}
