@@ -843,9 +843,7 @@ DECLARE
 BEGIN
     PERFORM alkblobs.not_null($2, 'keys');
     PERFORM alkblobs.check_owner($3);
-    IF cardinality($2) > 10000 THEN
-        RAISE EXCEPTION 'at most 10000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM alkblobs.max_keys($2, 10000);
     -- Only under the caller's own un-expired pin: a holder that stalled
     -- past its TTL must not publish a record someone else made meanwhile
     -- (its own file may have been claimed and unlinked since).
