@@ -1154,7 +1154,11 @@ async fn tombstones_hold_at_every_isolation_level() {
             .execute("SELECT alkblobs_pin_new($1, $2, 'node-b')", &[&pool, &k])
             .await
             .unwrap_err();
-        assert_eq!(sqlstate(&e), "55006", "{iso}: a tombstoned key was recorded");
+        assert_eq!(
+            sqlstate(&e),
+            "55006",
+            "{iso}: a tombstoned key was recorded"
+        );
         let _ = p.batch_execute("ROLLBACK").await;
         // Phase 2 only at READ COMMITTED.
         let d = connect().await;

@@ -49,7 +49,7 @@ use super::{
     Arbiter, GcAbortCause, GcUsage, LivenessSource, PinGuard, PinRelease, Pool, Scope, StagedRow,
     SweepOptions, SweepPhase, SweepProgress, SweepReport,
 };
-use crate::backend::postgres::{InTx, PgPool, PoolInfo, finish};
+use crate::backend::postgres::{InTx, PgPool, PoolInfo, db_err, finish};
 use crate::store::Tier;
 use crate::{Error, Key, Result};
 
@@ -641,14 +641,14 @@ impl FleetArbiter {
             let c = s.pg.conn().await?;
             let t = InTx::begin(c, "BEGIN ISOLATION LEVEL READ COMMITTED")
                 .await
-                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+                .map_err(|e| db_err(&s.pg, None, e))?;
             let mine = t
                 .query_typed(
                     "SELECT k FROM alkblobs_local_deleting($1, $2) k",
                     &[(&s.info.name, Type::TEXT), (&claimed, Type::BYTEA_ARRAY)],
                 )
                 .await
-                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+                .map_err(|e| db_err(&s.pg, None, e))?;
             let mut done: Vec<Vec<u8>> = Vec::with_capacity(mine.len());
             for r in &mine {
                 let kb: Vec<u8> = r.get(0);
@@ -675,10 +675,10 @@ impl FleetArbiter {
                 &[(&s.info.name, Type::TEXT), (&done, Type::BYTEA_ARRAY)],
             )
             .await
-            .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+            .map_err(|e| db_err(&s.pg, None, e))?;
             finish(t, "COMMIT")
                 .await
-                .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+                .map_err(|e| db_err(&s.pg, None, e))?;
             if rows.len() < CLAIM_BATCH as usize || done.len() < rows.len() {
                 return Ok(());
             }
@@ -816,14 +816,14 @@ impl Arbiter for FleetArbiter {
         let lease = s.pg.conn().await?;
         let lease = InTx::begin(lease, "BEGIN ISOLATION LEVEL READ COMMITTED")
             .await
-            .map_err(|e| Error::engine(&s.pg, e.to_string()))?;
+            .map_err(|e| db_err(&s.pg, None, e))?;
         let got: bool = lease
             .query_typed_one(
                 "SELECT pg_try_advisory_xact_lock($1, $2)",
                 &[(&LEASE_CLASS, Type::INT4), (&s.pool_id, Type::INT4)],
             )
             .await
-            .map_err(|e| Error::engine(&s.pg, e.to_string()))?
+            .map_err(|e| db_err(&s.pg, None, e))?
             .get(0);
         let result = if got {
             // (Test support: a hook at Mark runs with the lease held.)

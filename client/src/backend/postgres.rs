@@ -128,7 +128,11 @@ impl fmt::Display for PgPool {
 }
 
 /// An error of the driver or the pool as this crate's error.
-fn db_err(engine: &(dyn fmt::Display + Sync), key: Option<Key>, e: tokio_postgres::Error) -> Error {
+pub(crate) fn db_err(
+    engine: &(dyn fmt::Display + Sync),
+    key: Option<Key>,
+    e: tokio_postgres::Error,
+) -> Error {
     if let Some(code) = e.code().map(|c| c.code().to_owned()) {
         return Error::from_sqlstate(engine, &code, key, e);
     }
