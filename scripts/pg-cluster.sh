@@ -59,6 +59,11 @@ fsync = on
 max_connections = 100
 max_locks_per_transaction = 64
 log_min_messages = warning
+# The extension's sweep scheduler (issue 12): one background worker for the
+# test database, looking for due pools every 250 ms.
+shared_preload_libraries = 'alkblobs'
+alkblobs.scheduler_databases = '$db'
+alkblobs.scheduler_naptime = 250
 CONF
         # Trust on loopback and the private socket only.
         cat > "$data/pg_hba.conf" <<HBA

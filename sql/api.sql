@@ -512,19 +512,83 @@ BEGIN
     END IF;
 END $$;
 
+-- Validates scheduling and health settings (NULLs are "unchanged" and
+-- pass; '0' means "back to the default" and passes too).
+CREATE FUNCTION alkblobs.check_schedule(every interval, keep interval, warn interval, crit interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v record;
+BEGIN
+    FOR v IN SELECT * FROM (VALUES ('sweep_every', every), ('history_keep', keep),
+                                   ('warn_after', warn), ('critical_after', crit)) x(name, val) LOOP
+        IF alkblobs.mixed_interval(v.val) THEN
+            RAISE EXCEPTION '% must be days, hours, minutes and seconds with no month, year or negative part, got %', v.name, v.val
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v.val > interval '0' AND (v.val < interval '1 second' OR v.val > interval '3660 days') THEN
+            RAISE EXCEPTION '% must be between 1 second and 3660 days (or 0 for the default), got %', v.name, v.val
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    IF keep = interval '0' THEN
+        RAISE EXCEPTION 'history_keep must be at least 1 second, got %', keep USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- Whether this database's scheduler runs: 'on', 'paused'
+-- (alkblobs.scheduler_enabled = off) or 'off' (no scheduler serves this
+-- database: the library is not in shared_preload_libraries, or the
+-- database is not in alkblobs.scheduler_databases).
+CREATE FUNCTION alkblobs.scheduler_state() RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- (backend_type is hidden from alkblobs_owner; application_name is
+    -- not, and only a superuser's session counts, so no other role can
+    -- pose as the scheduler.)
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid
+                    WHERE a.application_name = 'alkblobs scheduler' AND a.datname = current_database()
+                      AND r.rolsuper) THEN
+        RETURN 'off';
+    ELSIF lower(coalesce(current_setting('alkblobs.scheduler_enabled', true), 'on')) IN ('off', 'false', 'no', '0') THEN
+        RETURN 'paused';
+    END IF;
+    RETURN 'on';
+END $$;
+
+-- The notice a pool with a schedule gets when nothing will run it.
+CREATE FUNCTION alkblobs.notice_if_unscheduled(pool_name text, every interval) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    st text := alkblobs.scheduler_state();
+BEGIN
+    IF every IS NOT NULL AND st <> 'on' THEN
+        RAISE NOTICE 'alkblobs pool "%" has sweep_every = %, but scheduling is % in database "%": nothing sweeps it until a node or an operator does',
+                     pool_name, every, st, current_database()
+            USING HINT = CASE WHEN st = 'paused' THEN 'alkblobs.scheduler_enabled is off; turn it on and reload (SELECT pg_reload_conf()).'
+                         ELSE 'Add alkblobs to shared_preload_libraries and this database to alkblobs.scheduler_databases, then restart the server; or schedule CALL alkblobs_sweep_all(pool) with pg_cron (docs/operations.md, "Scheduled sweeps").' END;
+    END IF;
+END $$;
+
 CREATE FUNCTION @extschema@.alkblobs_create_pool(
     pool text,
     delete_window interval DEFAULT '5 minutes',
     pin_ttl interval DEFAULT '60 seconds',
     large_tier text DEFAULT 'pg-lo',
     max_object_bytes bigint DEFAULT 68719476736,
-    single_instance boolean DEFAULT false)
+    single_instance boolean DEFAULT false,
+    sweep_every interval DEFAULT NULL,
+    history_keep interval DEFAULT '14 days',
+    warn_after interval DEFAULT NULL,
+    critical_after interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL THEN
-        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes and single_instance must not be NULL'
+    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL OR $8 IS NULL THEN
+        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes, single_instance and history_keep must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     PERFORM alkblobs.check_max_object($5);
@@ -533,23 +597,37 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM alkblobs.check_settings($2, $3);
+    PERFORM alkblobs.check_schedule($7, $8, $9, $10);
     IF $4 NOT IN ('pg-lo', 'local', 'none') THEN
         RAISE EXCEPTION 'large_tier must be ''pg-lo'', ''local'' or ''none'', got %', quote_literal($4)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode)
-    VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END);
+    IF $6 AND nullif($7, interval '0') IS NOT NULL THEN
+        RAISE EXCEPTION 'a single-instance pool cannot have sweep_every: the store instance that owns it sweeps it'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode,
+                                sweep_every, history_keep, warn_after, critical_after)
+    VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
+            nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'));
+    PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));
 EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'alkblobs pool "%" already exists', $1
         USING ERRCODE = 'duplicate_object',
               HINT = 'Change its settings with alkblobs_alter_pool.';
 END $$;
 
+-- NULL settings are unchanged; sweep_every, warn_after and critical_after
+-- set to interval '0' go back to their defaults (manual; derived).
 CREATE FUNCTION @extschema@.alkblobs_alter_pool(
     pool text,
     delete_window interval DEFAULT NULL,
     pin_ttl interval DEFAULT NULL,
-    max_object_bytes bigint DEFAULT NULL)
+    max_object_bytes bigint DEFAULT NULL,
+    sweep_every interval DEFAULT NULL,
+    history_keep interval DEFAULT NULL,
+    warn_after interval DEFAULT NULL,
+    critical_after interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -557,14 +635,27 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'admin');
 BEGIN
     PERFORM alkblobs.check_settings($2, $3);
+    PERFORM alkblobs.check_schedule($5, $6, $7, $8);
     IF $4 IS NOT NULL THEN
         PERFORM alkblobs.check_max_object($4);
+    END IF;
+    IF pl.mode = 'single' AND $5 > interval '0' THEN
+        RAISE EXCEPTION 'alkblobs pool "%" is a single-instance pool and cannot have sweep_every: the store instance that owns it sweeps it', pl.name
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     UPDATE alkblobs.pools p
        SET delete_window = coalesce($2, p.delete_window),
            pin_ttl = coalesce($3, p.pin_ttl),
-           max_object_bytes = coalesce($4, p.max_object_bytes)
-     WHERE p.id = pl.id;
+           max_object_bytes = coalesce($4, p.max_object_bytes),
+           sweep_every = CASE WHEN $5 IS NULL THEN p.sweep_every ELSE nullif($5, interval '0') END,
+           history_keep = coalesce($6, p.history_keep),
+           warn_after = CASE WHEN $7 IS NULL THEN p.warn_after ELSE nullif($7, interval '0') END,
+           critical_after = CASE WHEN $8 IS NULL THEN p.critical_after ELSE nullif($8, interval '0') END
+     WHERE p.id = pl.id
+    RETURNING * INTO pl;
+    IF $5 IS NOT NULL THEN
+        PERFORM alkblobs.notice_if_unscheduled(pl.name, pl.sweep_every);
+    END IF;
 END $$;
 
 -- Grants `role` one access ('read', 'write', 'sweep' or 'admin') on a pool.
@@ -1967,7 +2058,7 @@ END $$;
 -- next call (counted up to max_keys + 1) (`mark => false` runs just the
 -- executor). `local_due` counts due rows of the local tier, which the
 -- client executes with alkblobs_claim_local.
-CREATE FUNCTION @extschema@.alkblobs_sweep(
+CREATE FUNCTION alkblobs.sweep_core(
     pool text,
     dry_run boolean DEFAULT false,
     max_unlinks integer DEFAULT 1000,
@@ -2239,6 +2330,254 @@ BEGIN
     END IF;
     duration := clock_timestamp() - t0;
     RETURN NEXT;
+END $$;
+
+-- The sweep history's writer: one row per sweep call, in the sweep's
+-- transaction, and the pool's rows older than its history_keep deleted
+-- (at most 1,000 a call, so a long backlog drains over a few sweeps).
+-- `r` is a row of alkblobs.sweep_core, or NULL with `err` set.
+CREATE FUNCTION alkblobs.record_sweep(p integer, t0 timestamptz, is_scheduled boolean, is_dry boolean, r record, err text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    keep interval := (SELECT x.history_keep FROM alkblobs.pools x WHERE x.id = p);
+BEGIN
+    IF err IS NOT NULL THEN
+        INSERT INTO alkblobs.sweeps (pool, role, application_name, scheduled, dry_run, started, finished, error)
+        VALUES (p, session_user, nullif(current_setting('application_name', true), ''), is_scheduled, is_dry,
+                t0, clock_timestamp(), err);
+    ELSE
+        INSERT INTO alkblobs.sweeps (pool, role, application_name, scheduled, dry_run, started, finished,
+                                     examined, live, pinned, staged, executed, deleted, kept, bytes_freed,
+                                     pins_reaped, remaining, local_due, skipped, uploads_reaped, mark_done, aborted)
+        VALUES (p, session_user, nullif(current_setting('application_name', true), ''), is_scheduled, is_dry,
+                t0, clock_timestamp(), r.examined, r.live, r.pinned, r.staged, r.executed, r.deleted, r.kept,
+                r.bytes_freed, r.pins_reaped, r.remaining, r.local_due, r.skipped, r.uploads_reaped, r.mark_done,
+                r.aborted);
+    END IF;
+    DELETE FROM alkblobs.sweeps s WHERE s.id IN (
+        SELECT x.id FROM alkblobs.sweeps x
+         WHERE x.pool = p AND x.started < clock_timestamp() - keep
+         ORDER BY x.started LIMIT 1000);
+END $$;
+
+-- One bounded sweep call (alkblobs.sweep_core, above), recorded in the
+-- sweep history. A call that raises leaves no row: its error goes to the
+-- caller and its transaction (with the row) is rolled back.
+CREATE FUNCTION @extschema@.alkblobs_sweep(
+    pool text,
+    dry_run boolean DEFAULT false,
+    max_unlinks integer DEFAULT 1000,
+    mark boolean DEFAULT true,
+    max_keys integer DEFAULT 20000)
+RETURNS TABLE (
+    examined bigint, live bigint, pinned bigint, staged bigint, executed bigint,
+    deleted bigint, kept bigint, bytes_freed bigint, pins_reaped bigint, remaining bigint,
+    local_due bigint, skipped bigint, uploads_reaped bigint, mark_done boolean,
+    aborted text, duration interval)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+    r record;
+BEGIN
+    SELECT * INTO r FROM alkblobs.sweep_core($1, $2, $3, $4, $5);
+    PERFORM alkblobs.record_sweep((alkblobs.pool($1, 'sweep')).id, t0, false, $2, r, NULL);
+    RETURN QUERY SELECT r.examined, r.live, r.pinned, r.staged, r.executed, r.deleted, r.kept, r.bytes_freed,
+                        r.pins_reaped, r.remaining, r.local_due, r.skipped, r.uploads_reaped, r.mark_done,
+                        r.aborted, r.duration;
+END $$;
+
+-- Scheduling (the extension's background worker, pg_ext/src/scheduler.rs) -----
+
+-- The fleet pools of this database whose schedule is due: sweep_every has
+-- passed since the start of the last scheduled call.
+CREATE FUNCTION alkblobs.scheduler_due() RETURNS SETOF integer
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT p.id FROM alkblobs.pools p
+     WHERE p.sweep_every IS NOT NULL AND p.mode = 'fleet'
+       AND coalesce((SELECT max(s.started) FROM alkblobs.sweeps s WHERE s.pool = p.id AND s.scheduled),
+                    '-infinity'::timestamptz) + p.sweep_every <= clock_timestamp()
+     ORDER BY p.id
+$$;
+
+-- One scheduled sweep call of pool p, in the worker's transaction. The
+-- sweep's errors are caught (its subtransaction rolled back), recorded in
+-- the history with their SQLSTATE and logged as a WARNING: the pool is
+-- retried after sweep_every and the worker goes on. Returns the `mark`
+-- argument of the next call of this run, or NULL when the run is over (the
+-- same rule as alkblobs_sweep_all: go on while the mark is open, or while
+-- due rows are left and the call executed some).
+CREATE FUNCTION alkblobs.scheduled_sweep(p integer, marking boolean) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools;
+    t0 timestamptz := clock_timestamp();
+    r record;
+    err text;
+BEGIN
+    SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
+    IF NOT FOUND OR pl.sweep_every IS NULL OR pl.mode <> 'fleet' OR marking IS NULL THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        SELECT * INTO r FROM alkblobs.sweep_core(pl.name, false, 1000, marking, 20000);
+    EXCEPTION WHEN OTHERS THEN
+        err := SQLSTATE || ': ' || SQLERRM;
+    END;
+    IF err IS NOT NULL THEN
+        PERFORM alkblobs.record_sweep(pl.id, t0, true, false, NULL::record, err);
+        RAISE WARNING 'alkblobs scheduler: the sweep of pool "%" failed: %', pl.name, err
+            USING HINT = 'The scheduler retries it after sweep_every; alkblobs_health and alkblobs_sweeps show it.';
+        RETURN NULL;
+    END IF;
+    PERFORM alkblobs.record_sweep(pl.id, t0, true, false, r, NULL);
+    IF r.aborted IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    IF r.deleted > 0 OR r.pins_reaped > 0 OR r.uploads_reaped > 0 THEN
+        RAISE LOG 'alkblobs scheduler: pool "%": % deleted (% bytes freed), % pins reaped, % uploads reclaimed, % due left',
+                  pl.name, r.deleted, r.bytes_freed, r.pins_reaped, r.uploads_reaped, r.remaining;
+    END IF;
+    IF marking AND NOT r.mark_done THEN
+        RETURN true;
+    ELSIF r.remaining > 0 AND r.executed > 0 THEN
+        RETURN false;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Health ---------------------------------------------------------------------
+
+-- The size of large object `o` (NULL if it is gone).
+CREATE FUNCTION alkblobs.lo_size(o oid) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    fd integer;
+    n bigint;
+BEGIN
+    fd := pg_catalog.lo_open(o, 262144);  -- INV_READ
+    n := pg_catalog.lo_lseek64(fd, 0, 2); -- SEEK_END
+    PERFORM pg_catalog.lo_close(fd);
+    RETURN n;
+EXCEPTION WHEN undefined_object THEN
+    RETURN NULL;
+END $$;
+
+-- One row per pool the caller may read: the alkblobs_health view.
+-- Thresholds (docs/operations.md, "Health"): a pool is 'critical' when its
+-- last completed sweep (or its creation, if it was never swept) is older
+-- than critical_after, or a registered liveness table fails validation
+-- (every sweep aborts); 'warn' when that age passes warn_after, the last
+-- sweep attempt failed or aborted (a skip for a busy sweeper lock is not a
+-- failure), or something a sweep should have removed is older than
+-- warn_after: staged rows due that long ago, pins expired that long ago,
+-- uploads abandoned that long ago. Defaults: a scheduled pool warns after
+-- max(3 × sweep_every, 5 min) and is critical after
+-- max(10 × sweep_every, 30 min); a manual pool after 1 and 7 days.
+-- Single-instance pools are swept by their owner instance, outside the
+-- history: their age is not judged. Counts stop at 100,000.
+CREATE FUNCTION alkblobs.health_rows()
+RETURNS TABLE (pool text, status text, reasons text[], mode text, sweep_every interval, scheduler text,
+               last_sweep timestamptz, last_sweep_age interval, last_attempt timestamptz, last_outcome text,
+               overdue_staged bigint, expired_pins bigint, abandoned_uploads bigint, abandoned_upload_bytes bigint,
+               invalid_sources bigint, warn_after interval, critical_after interval)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    pl alkblobs.pools;
+    sched text := alkblobs.scheduler_state();
+    now_ts timestamptz := clock_timestamp();
+    last_row alkblobs.sweeps;
+    l record;
+    prob text;
+    why text[];
+    age interval;
+    old_uploads bigint;
+BEGIN
+    FOR pl IN SELECT * FROM alkblobs.pools x WHERE alkblobs.may(x, 'read') ORDER BY x.name LOOP
+        pool := pl.name;
+        mode := pl.mode;
+        sweep_every := pl.sweep_every;
+        scheduler := CASE WHEN pl.mode = 'single' THEN 'owner instance' WHEN pl.sweep_every IS NULL THEN 'manual' ELSE sched END;
+        warn_after := coalesce(pl.warn_after,
+                               CASE WHEN pl.sweep_every IS NULL THEN interval '1 day'
+                                    ELSE greatest(3 * pl.sweep_every, interval '5 minutes') END);
+        critical_after := coalesce(pl.critical_after,
+                                   CASE WHEN pl.sweep_every IS NULL THEN interval '7 days'
+                                        ELSE greatest(10 * pl.sweep_every, interval '30 minutes') END);
+        SELECT max(s.finished) INTO last_sweep FROM alkblobs.sweeps s
+         WHERE s.pool = pl.id AND NOT s.dry_run AND s.aborted IS NULL AND s.error IS NULL;
+        SELECT * INTO last_row FROM alkblobs.sweeps s
+         WHERE s.pool = pl.id AND NOT s.dry_run ORDER BY s.started DESC, s.id DESC LIMIT 1;
+        last_attempt := last_row.started;
+        last_outcome := CASE WHEN last_row.id IS NULL THEN NULL
+                             WHEN last_row.error IS NOT NULL THEN 'error: ' || last_row.error
+                             WHEN last_row.aborted IS NOT NULL THEN 'aborted: ' || last_row.aborted
+                             ELSE 'ok' END;
+        age := now_ts - coalesce(last_sweep, pl.created_at);
+        last_sweep_age := CASE WHEN last_sweep IS NULL THEN NULL ELSE now_ts - last_sweep END;
+        SELECT count(*) INTO overdue_staged FROM (
+            SELECT 1 FROM alkblobs.marks mk JOIN alkblobs.staged s ON s.mark = mk.id
+             WHERE mk.pool = pl.id AND mk.mark_end IS NOT NULL
+               AND mk.mark_end + mk.delete_window + warn_after <= now_ts
+             LIMIT 100000) x;
+        SELECT count(*) INTO expired_pins FROM (
+            SELECT 1 FROM alkblobs.pins pn WHERE pn.pool = pl.id AND pn.expires_at + warn_after <= now_ts
+             LIMIT 100000) x;
+        SELECT count(*), coalesce(sum(alkblobs.lo_size(u.loid)), 0), count(*) FILTER (WHERE u.started_at + warn_after <= now_ts)
+          INTO abandoned_uploads, abandoned_upload_bytes, old_uploads
+          FROM (SELECT u0.loid, u0.started_at FROM alkblobs.uploads u0
+                 WHERE u0.pool = pl.id AND pg_catalog.pg_xact_status(u0.xact) IS DISTINCT FROM 'in progress'
+                 LIMIT 100000) u;
+        invalid_sources := 0;
+        why := '{}';
+        FOR l IN SELECT lv.relid FROM alkblobs.liveness lv WHERE lv.pool = pl.id ORDER BY lv.relid LOOP
+            BEGIN
+                prob := alkblobs.source_problem_top(l.relid);
+            EXCEPTION WHEN OTHERS THEN
+                prob := 'cannot be checked: ' || SQLERRM;
+            END;
+            IF prob IS NOT NULL THEN
+                invalid_sources := invalid_sources + 1;
+                why := why || format('liveness table %s %s', l.relid::regclass, prob);
+            END IF;
+        END LOOP;
+        status := CASE WHEN invalid_sources > 0 THEN 'critical' ELSE 'ok' END;
+        IF pl.mode = 'fleet' THEN
+            IF age > critical_after THEN
+                status := 'critical';
+                why := why || format('no completed sweep for %s (critical after %s)', date_trunc('second', age), critical_after);
+            ELSIF age > warn_after THEN
+                why := why || format('no completed sweep for %s (warn after %s)', date_trunc('second', age), warn_after);
+            END IF;
+            IF last_row.error IS NOT NULL OR last_row.aborted NOT IN ('sweeper_lock') THEN
+                why := why || format('the last sweep (%s) %s', last_row.started, last_outcome);
+            END IF;
+            IF pl.sweep_every IS NOT NULL AND sched <> 'on' THEN
+                why := why || format('sweep_every is %s but scheduling is %s in this database', pl.sweep_every, sched);
+            END IF;
+        END IF;
+        IF overdue_staged > 0 THEN
+            why := why || format('%s staged rows due for longer than %s', overdue_staged, warn_after);
+        END IF;
+        IF expired_pins > 0 THEN
+            why := why || format('%s pins expired for longer than %s', expired_pins, warn_after);
+        END IF;
+        IF old_uploads > 0 THEN
+            why := why || format('%s uploads abandoned for longer than %s', old_uploads, warn_after);
+        END IF;
+        IF status = 'ok' AND cardinality(why) > 0 THEN
+            status := 'warn';
+        END IF;
+        reasons := why;
+        RETURN NEXT;
+    END LOOP;
 END $$;
 
 -- Runs sweep calls until the mark is sealed and no due row is left (or a

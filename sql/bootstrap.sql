@@ -61,7 +61,17 @@ CREATE TABLE alkblobs.pools (
     -- A mark in progress across calls: its id and the last key it examined.
     open_mark     bigint,
     mark_cursor   bytea,
-    created_at    timestamptz NOT NULL DEFAULT now()
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    -- Scheduling and health (0.6.0). sweep_every: how often the
+    -- extension's scheduler sweeps the pool (NULL: manual, the default);
+    -- history_keep: how long its rows in alkblobs.sweeps are kept;
+    -- warn_after / critical_after: how old the last completed sweep may be
+    -- before alkblobs_health says 'warn' / 'critical' (NULL: derived from
+    -- sweep_every, see alkblobs.health_rows). Ranges: alkblobs.check_schedule.
+    sweep_every    interval,
+    history_keep   interval NOT NULL DEFAULT '14 days',
+    warn_after     interval,
+    critical_after interval
 );
 
 -- Per-pool grants: `access` is 'read', 'write' (and read), 'sweep' (and
@@ -207,6 +217,30 @@ CREATE TABLE alkblobs.single_roots (
     PRIMARY KEY (pool, key)
 );
 
+-- Sweep history: one row per sweep call (alkblobs_sweep from a node or
+-- psql, and the scheduler's calls), written in the sweep's own transaction
+-- (a sweep that raises is recorded only when the scheduler ran it: it
+-- catches the error and records it). Rows older than the pool's
+-- history_keep are deleted by the pool's next sweeps.
+CREATE TABLE alkblobs.sweeps (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pool             integer NOT NULL,
+    role             name NOT NULL,
+    application_name text,
+    scheduled        boolean NOT NULL,
+    dry_run          boolean NOT NULL,
+    started          timestamptz NOT NULL,
+    finished         timestamptz NOT NULL,
+    examined bigint, live bigint, pinned bigint, staged bigint, executed bigint,
+    deleted bigint, kept bigint, bytes_freed bigint, pins_reaped bigint, remaining bigint,
+    local_due bigint, skipped bigint, uploads_reaped bigint, mark_done boolean,
+    -- The sweep's own abort cause (sweeper_lock, liveness_table_busy, ...).
+    aborted          text,
+    -- SQLSTATE and message of a scheduled sweep that raised.
+    error            text
+);
+CREATE INDEX sweeps_by_pool ON alkblobs.sweeps (pool, started);
+
 REVOKE ALL ON ALL TABLES IN SCHEMA alkblobs FROM PUBLIC;
 
 -- pg_dump dumps the rows of these tables (they are the pools), and the
@@ -225,4 +259,6 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.files', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_staged', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_roots', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps_id_seq', '');
 

@@ -7,7 +7,7 @@
 CREATE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
        coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode,
-       p.id AS pool_id
+       p.id AS pool_id, p.sweep_every, p.history_keep, p.warn_after, p.critical_after
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -53,6 +53,21 @@ SELECT p.name AS pool,
                sum(en.size) FILTER (WHERE en.tier = 'lo') AS lo_bytes
           FROM alkblobs.entries en GROUP BY en.pool) e ON e.pool = p.id
  WHERE alkblobs.may(p, 'read');
+
+-- The sweep history (alkblobs.sweeps): one row per sweep call.
+CREATE VIEW @extschema@.alkblobs_sweeps WITH (security_barrier) AS
+SELECT p.name AS pool, s.id, s.started, s.finished, s.finished - s.started AS duration,
+       s.role, s.application_name, s.scheduled, s.dry_run,
+       CASE WHEN s.error IS NOT NULL THEN 'error' WHEN s.aborted IS NOT NULL THEN 'aborted' ELSE 'ok' END AS outcome,
+       s.aborted, s.error, s.examined, s.live, s.pinned, s.staged, s.executed, s.deleted, s.kept,
+       s.bytes_freed, s.pins_reaped, s.uploads_reaped, s.remaining, s.local_due, s.skipped, s.mark_done
+  FROM alkblobs.sweeps s JOIN alkblobs.pools p ON p.id = s.pool
+ WHERE alkblobs.may(p, 'read');
+
+-- One row per pool: is its collector running, and is anything piling up?
+-- (alkblobs.health_rows filters by the caller's access.)
+CREATE VIEW @extschema@.alkblobs_health WITH (security_barrier) AS
+SELECT * FROM alkblobs.health_rows();
 
 -- Roles: readers read and inspect; writers put and pin; sweepers sweep;
 -- admins create pools and register liveness tables. Roles are cluster-wide
@@ -155,9 +170,10 @@ SELECT alkblobs.apply_policy();
 
 -- ...then each role gets exactly what it needs.
 GRANT SELECT ON @extschema@.alkblobs_pools, @extschema@.alkblobs_pins, @extschema@.alkblobs_staged,
-    @extschema@.alkblobs_usage, @extschema@.alkblobs_pool_grants TO alkblobs_reader;
+    @extschema@.alkblobs_usage, @extschema@.alkblobs_pool_grants, @extschema@.alkblobs_sweeps,
+    @extschema@.alkblobs_health TO alkblobs_reader;
 -- The views filter pools by the caller's access through alkblobs.may.
-GRANT EXECUTE ON FUNCTION alkblobs.may(alkblobs.pools, text) TO alkblobs_reader;
+GRANT EXECUTE ON FUNCTION alkblobs.may(alkblobs.pools, text), alkblobs.health_rows() TO alkblobs_reader;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_get(text, bytea),
     @extschema@.alkblobs_stat(text, bytea),
@@ -196,8 +212,8 @@ GRANT EXECUTE ON FUNCTION
   TO alkblobs_sweeper;
 GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer) TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
-    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean),
-    @extschema@.alkblobs_alter_pool(text, interval, interval, bigint),
+    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean, interval, interval, interval, interval),
+    @extschema@.alkblobs_alter_pool(text, interval, interval, bigint, interval, interval, interval, interval),
     @extschema@.alkblobs_register_liveness(text, regclass, boolean),
     @extschema@.alkblobs_unregister_liveness(text, regclass),
     @extschema@.alkblobs_grant_pool(text, regrole, text),

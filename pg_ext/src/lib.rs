@@ -4,11 +4,21 @@
 //! The SQL API and the protocol live in `sql/` (loaded in order:
 //! `bootstrap.sql`, these Rust functions, `api.sql`, `finalize.sql`). Rust
 //! supplies what SQL cannot do well: BLAKE3 over values and over large
-//! objects streamed in bounded windows.
+//! objects streamed in bounded windows; and the sweep scheduler, a
+//! background worker (`scheduler.rs`).
 
 use pgrx::prelude::*;
 
+mod scheduler;
+
 ::pgrx::pg_module_magic!();
+
+/// Loading the library: the scheduler's settings, and its workers when
+/// loaded through `shared_preload_libraries` (see `scheduler.rs`).
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    scheduler::init();
+}
 
 pgrx::extension_sql_file!("../../sql/bootstrap.sql", name = "bootstrap", bootstrap);
 pgrx::extension_sql_file!(

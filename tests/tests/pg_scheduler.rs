@@ -1,0 +1,809 @@
+//! The extension's sweep scheduler, sweep history and health (issue 12),
+//! against the test cluster, which `scripts/pg-cluster.sh` starts with
+//! `shared_preload_libraries = 'alkblobs'` and the test database in
+//! `alkblobs.scheduler_databases` (naptime 250 ms).
+//!
+//! Tests that only need the scheduler running share `SCHEDULER` for
+//! reading; the ones that pause or terminate it take it for writing, so no
+//! other test of this binary runs meanwhile.
+
+use std::time::{Duration, Instant};
+
+use alkblobs_tests::pg::{connect, garbage, key, pool, put, sqlstate, table_name, url};
+use tokio::sync::RwLock;
+use tokio_postgres::Client;
+
+static SCHEDULER: RwLock<()> = RwLock::const_new(());
+
+/// The advisory lock class of a pool's sweeper lock (`alkblobs.lock_class()`).
+const SWEEP_LOCK_CLASS: i32 = 1_634_495_330;
+
+/// The scheduler's backend pid in this database, waiting up to 60 s for it
+/// (on a fresh cluster it starts before the test database exists and
+/// retries after its restart interval).
+async fn scheduler_pid(c: &Client) -> i32 {
+    for _ in 0..600 {
+        if let Some(r) = c
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'alkblobs scheduler' \
+                 AND datname = current_database()",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            return r.get(0);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "no alkblobs scheduler serves the test database after 60 s: is the cluster started \
+         with shared_preload_libraries = 'alkblobs' (scripts/pg-cluster.sh)?"
+    );
+}
+
+/// Polls `cond` every 100 ms for up to `secs` seconds.
+async fn within<F, Fut>(secs: u64, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("not within {secs} s: {what}");
+}
+
+async fn schedule(c: &Client, pool: &str, every: &str) {
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, sweep_every => $2::text::interval)",
+        &[&pool, &every],
+    )
+    .await
+    .expect("alkblobs_alter_pool(sweep_every)");
+}
+
+async fn count(c: &Client, sql: &str, pool: &str) -> i64 {
+    c.query_one(sql, &[&pool]).await.unwrap().get(0)
+}
+
+async fn present(c: &Client, pool: &str, k: &[u8]) -> bool {
+    alkblobs_tests::pg::exists(c, pool, k).await
+}
+
+/// A large object entry of `pool` holding `value`, pinned for `owner`.
+/// Returns its key and large object id.
+async fn put_lo(c: &mut Client, pool: &str, value: &[u8], owner: &str) -> (Vec<u8>, u32) {
+    let tx = c.transaction().await.unwrap();
+    let loid: u32 = tx
+        .query_one("SELECT alkblobs_lo_create($1)", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    tx.execute("SELECT alkblobs_lo_write($1, 0, $2)", &[&loid, &value])
+        .await
+        .unwrap();
+    tx.execute(
+        "SELECT alkblobs_lo_commit($1, $2, $3, $4)",
+        &[&pool, &key(value), &loid, &owner],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    (key(value), loid)
+}
+
+async fn lo_exists(c: &Client, loid: u32) -> bool {
+    c.query_one(
+        "SELECT EXISTS (SELECT 1 FROM pg_largeobject_metadata WHERE oid = $1)",
+        &[&loid],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn health(c: &Client, pool: &str) -> (String, Vec<String>) {
+    let r = c
+        .query_one(
+            "SELECT status, reasons FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_pool_is_swept_with_nobody_calling_it() {
+    let _s = SCHEDULER.read().await;
+    let mut c = connect().await;
+    let pool = pool(&c, "sched", "0 seconds", "1 second").await;
+    scheduler_pid(&c).await;
+    // A live entry (in a registered liveness table), a dead kv entry, a
+    // dead large object, and an entry whose only pin expires.
+    let live = b"referenced by a liveness table".to_vec();
+    put(&c, &pool, &live, "writer").await;
+    let table = table_name(&pool, "refs");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea NOT NULL)"))
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+    c.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&key(&live)])
+        .await
+        .unwrap();
+    let dead = garbage(&c, &pool, b"dead kv entry").await;
+    let (dead_lo, loid) = put_lo(&mut c, &pool, &vec![7u8; 200_000], "setup").await;
+    c.execute("SELECT alkblobs_unpin($1, $2, 'setup')", &[&pool, &dead_lo])
+        .await
+        .unwrap();
+    let expiring = b"pinned by a node that died".to_vec();
+    put(&c, &pool, &expiring, "died").await;
+    // Nothing is swept before the schedule is set.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(present(&c, &pool, &dead).await);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1",
+            &pool
+        )
+        .await,
+        0
+    );
+
+    schedule(&c, &pool, "1 second").await;
+    within(
+        30,
+        "the dead entries, the dead large object and the expired pin go",
+        || async {
+            !present(&c, &pool, &dead).await
+                && !present(&c, &pool, &dead_lo).await
+                && !present(&c, &pool, &key(&expiring)).await
+        },
+    )
+    .await;
+    assert!(
+        !lo_exists(&c, loid).await,
+        "the dead large object was not unlinked"
+    );
+    assert!(
+        present(&c, &pool, &key(&live)).await,
+        "a live entry was deleted"
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_pins WHERE pool = $1 AND owner = 'died'",
+            &pool
+        )
+        .await,
+        0,
+        "the expired pin was not reaped"
+    );
+    // Every call is in the history, as the scheduler's.
+    let r = c
+        .query_one(
+            "SELECT count(*), bool_and(scheduled), bool_and(application_name = 'alkblobs scheduler'), \
+                    sum(deleted)::bigint, sum(pins_reaped)::bigint, bool_and(outcome = 'ok') \
+               FROM alkblobs_sweeps WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    assert!(r.get::<_, i64>(0) >= 2, "fewer than two recorded calls");
+    assert!(r.get::<_, bool>(1), "a call not marked scheduled");
+    assert!(r.get::<_, bool>(2), "a call under another application_name");
+    assert_eq!(r.get::<_, i64>(3), 3, "deleted counts in the history");
+    assert!(
+        r.get::<_, i64>(4) >= 1,
+        "the reaped pin is not in the history"
+    );
+    assert!(r.get::<_, bool>(5), "a scheduled call did not complete");
+    let (status, reasons) = health(&c, &pool).await;
+    assert_eq!(status, "ok", "{reasons:?}");
+    let sched: String = c
+        .query_one(
+            "SELECT scheduler FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sched, "on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_holding_the_sweeper_lock_makes_the_scheduler_skip_never_wait() {
+    let _s = SCHEDULER.read().await;
+    let c = connect().await;
+    let pool = pool(&c, "schedlock", "0 seconds", "60 seconds").await;
+    scheduler_pid(&c).await;
+    let dead = garbage(&c, &pool, b"waits for the node").await;
+    let id: i32 = c
+        .query_one(
+            "SELECT pool_id FROM alkblobs_pools WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // A node in the middle of its sweep holds the pool's sweeper lock.
+    let mut node = connect().await;
+    let tx = node.transaction().await.unwrap();
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, $2)",
+        &[&SWEEP_LOCK_CLASS, &id],
+    )
+    .await
+    .unwrap();
+    schedule(&c, &pool, "1 second").await;
+    // Skips are recorded while the lock is held: the worker never waits
+    // for it (a waiting worker would record nothing until it is released).
+    within(20, "two skips recorded while the node holds the lock", || async {
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND scheduled AND aborted = 'sweeper_lock'",
+            &pool,
+        )
+        .await
+            >= 2
+    })
+    .await;
+    assert!(present(&c, &pool, &dead).await, "swept under a node's lock");
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND outcome <> 'aborted'",
+            &pool
+        )
+        .await,
+        0
+    );
+    // A skip is not a failure: the pool is healthy meanwhile.
+    let (status, reasons) = health(&c, &pool).await;
+    assert_eq!(status, "ok", "{reasons:?}");
+    let outcome: String = c
+        .query_one(
+            "SELECT last_outcome FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(outcome, "aborted: sweeper_lock");
+    tx.commit().await.unwrap();
+    within(20, "the pool is swept once the node is done", || async {
+        !present(&c, &pool, &dead).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_sweep_is_recorded_and_the_worker_goes_on() {
+    let _s = SCHEDULER.read().await;
+    let mut c = connect().await;
+    let pid = scheduler_pid(&c).await;
+    // Pool `broken`: a dead entry whose large object someone unlinked by
+    // hand, so the executor's lo_unlink raises (42704) in every sweep.
+    let broken = pool(&c, "schedbroken", "0 seconds", "60 seconds").await;
+    let (k, loid) = put_lo(&mut c, &broken, &vec![1u8; 5000], "setup").await;
+    c.execute("SELECT alkblobs_unpin($1, $2, 'setup')", &[&broken, &k])
+        .await
+        .unwrap();
+    c.execute("SELECT lo_unlink($1)", &[&loid]).await.unwrap();
+    // Pool `invalid`: a liveness table that fails validation (row-level
+    // security turned on after registration): its sweeps abort.
+    let invalid = pool(&c, "schedinvalid", "0 seconds", "60 seconds").await;
+    let table = table_name(&invalid, "refs");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea NOT NULL)"))
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&invalid, &table],
+    )
+    .await
+    .unwrap();
+    c.batch_execute(&format!("ALTER TABLE {table} ENABLE ROW LEVEL SECURITY"))
+        .await
+        .unwrap();
+    let kept = garbage(&c, &invalid, b"an aborted sweep deletes nothing").await;
+    // Pool `fine`: an ordinary pool the same worker serves.
+    let fine = pool(&c, "schedfine", "0 seconds", "60 seconds").await;
+    let dead = garbage(&c, &fine, b"swept despite the others").await;
+    for p in [&broken, &invalid, &fine] {
+        schedule(&c, p, "1 second").await;
+    }
+    within(30, "the healthy pool is swept", || async {
+        !present(&c, &fine, &dead).await
+    })
+    .await;
+    within(30, "two failed sweeps of the broken pool recorded", || async {
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND outcome = 'error' AND error LIKE '42704:%'",
+            &broken,
+        )
+        .await
+            >= 2
+    })
+    .await;
+    within(30, "an aborted sweep of the invalid pool recorded", || async {
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND aborted = 'liveness_table_invalid'",
+            &invalid,
+        )
+        .await
+            >= 1
+    })
+    .await;
+    assert!(present(&c, &invalid, &kept).await);
+    // Retried every sweep_every, not in a loop: no two failed calls of the
+    // broken pool start less than ~sweep_every apart.
+    let gap: f64 = c
+        .query_one(
+            "SELECT coalesce(min(extract(epoch FROM d)), 1)::float8 FROM ( \
+               SELECT started - lag(started) OVER (ORDER BY started) AS d \
+                 FROM alkblobs_sweeps WHERE pool = $1) x WHERE d IS NOT NULL",
+            &[&broken],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(gap >= 0.9, "failed sweeps retried {gap} s apart");
+    // The same worker process throughout: an error never took it down.
+    assert_eq!(scheduler_pid(&c).await, pid, "the scheduler restarted");
+    let (status, reasons) = health(&c, &broken).await;
+    assert_eq!(status, "warn", "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("error: 42704")),
+        "{reasons:?}"
+    );
+    let (status, reasons) = health(&c, &invalid).await;
+    assert_eq!(status, "critical", "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("row-level security") || r.contains(&table)),
+        "{reasons:?}"
+    );
+    let n: i64 = c
+        .query_one(
+            "SELECT invalid_sources FROM alkblobs_health WHERE pool = $1",
+            &[&invalid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    for p in [&broken, &invalid, &fine] {
+        schedule(&c, p, "0").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_turns_critical_when_the_last_sweep_is_too_old() {
+    let _s = SCHEDULER.read().await;
+    let c = connect().await;
+    let pool = pool(&c, "schedold", "0 seconds", "60 seconds").await;
+    scheduler_pid(&c).await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, sweep_every => '1 hour', warn_after => '2 seconds', \
+                critical_after => '4 seconds')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    // Swept at once (never swept before), then not for an hour.
+    within(20, "the first scheduled sweep", || async {
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND scheduled AND outcome = 'ok'",
+            &pool,
+        )
+        .await
+            == 1
+    })
+    .await;
+    within(20, "critical once the last sweep is 4 s old", || async {
+        health(&c, &pool).await.0 == "critical"
+    })
+    .await;
+    let (_, reasons) = health(&c, &pool).await;
+    assert!(
+        reasons.iter().any(|r| r.contains("no completed sweep for")),
+        "{reasons:?}"
+    );
+    // The scheduler did not sweep it again (its hour is not up) ...
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND scheduled",
+            &pool
+        )
+        .await,
+        1
+    );
+    // ... and a sweep from psql counts: healthy again, recorded as a
+    // psql user's.
+    c.batch_execute("SET application_name = 'ops-console'")
+        .await
+        .unwrap();
+    c.execute("SELECT * FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .unwrap();
+    assert_eq!(health(&c, &pool).await.0, "ok");
+    let r = c
+        .query_one(
+            "SELECT role::text, application_name, scheduled FROM alkblobs_sweeps \
+              WHERE pool = $1 ORDER BY id DESC LIMIT 1",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), "postgres");
+    assert_eq!(r.get::<_, String>(1), "ops-console");
+    assert!(!r.get::<_, bool>(2));
+    schedule(&c, &pool, "0").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_rows_older_than_history_keep_are_deleted_by_later_sweeps() {
+    let c = connect().await;
+    let pool = pool(&c, "schedkeep", "0 seconds", "60 seconds").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, history_keep => '1 second')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        c.execute("SELECT * FROM alkblobs_sweep($1)", &[&pool])
+            .await
+            .unwrap();
+    }
+    c.execute(
+        "SELECT * FROM alkblobs_sweep($1, dry_run => true)",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1",
+            &pool
+        )
+        .await,
+        4
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND dry_run",
+            &pool
+        )
+        .await,
+        1
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    c.execute("SELECT * FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .unwrap();
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1",
+            &pool
+        )
+        .await,
+        1,
+        "rows older than history_keep survived a sweep"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_settings_are_validated_and_refused_for_single_instance_pools() {
+    let c = connect().await;
+    let p = pool(&c, "schedbad", "0 seconds", "60 seconds").await;
+    for (sql, what) in [
+        (
+            "SELECT alkblobs_alter_pool($1, sweep_every => '1 month')",
+            "a month",
+        ),
+        (
+            "SELECT alkblobs_alter_pool($1, sweep_every => '-1 second')",
+            "negative",
+        ),
+        (
+            "SELECT alkblobs_alter_pool($1, sweep_every => '10 milliseconds')",
+            "under 1 s",
+        ),
+        (
+            "SELECT alkblobs_alter_pool($1, history_keep => '0')",
+            "keep nothing",
+        ),
+        (
+            "SELECT alkblobs_alter_pool($1, critical_after => '4000 days')",
+            "too long",
+        ),
+    ] {
+        let e = c.execute(sql, &[&p]).await.expect_err(what);
+        assert_eq!(sqlstate(&e), "22023", "{what}: {e}");
+    }
+    let single =
+        alkblobs_tests::pg::pool_with(&c, "schedsingle", "0 seconds", "60 seconds", "pg-lo", true)
+            .await;
+    let e = c
+        .execute(
+            "SELECT alkblobs_alter_pool($1, sweep_every => '1 minute')",
+            &[&single],
+        )
+        .await
+        .expect_err("a schedule on a single-instance pool");
+    assert_eq!(sqlstate(&e), "22023", "{e}");
+    // Single-instance pools are swept by their owner: health does not
+    // judge their age.
+    let (status, reasons) = health(&c, &single).await;
+    assert_eq!(status, "ok", "{reasons:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_sees_history_and_health_of_its_pools_only() {
+    let c = connect().await;
+    let mine = pool(&c, "schedmine", "0 seconds", "60 seconds").await;
+    let other = pool(&c, "schedother", "0 seconds", "60 seconds").await;
+    for p in [&mine, &other] {
+        c.execute("SELECT * FROM alkblobs_sweep($1)", &[p])
+            .await
+            .unwrap();
+    }
+    let role = alkblobs_tests::pg::login_role(&c, "schedreader", "alkblobs_reader").await;
+    alkblobs_tests::pg::grant_pool(&c, &mine, &role, "read").await;
+    let r = alkblobs_tests::pg::connect_as(&role).await;
+    let seen: Vec<String> = r
+        .query(
+            "SELECT DISTINCT pool FROM alkblobs_sweeps WHERE pool IN ($1, $2)",
+            &[&mine, &other],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(seen, vec![mine.clone()]);
+    let seen: Vec<String> = r
+        .query(
+            "SELECT pool FROM alkblobs_health WHERE pool IN ($1, $2)",
+            &[&mine, &other],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(seen, vec![mine.clone()]);
+    // The internals stay closed.
+    let e = r
+        .query("SELECT * FROM alkblobs.sweeps", &[])
+        .await
+        .expect_err("the history table is internal");
+    assert_eq!(sqlstate(&e), "42501");
+    let e = r
+        .query("SELECT alkblobs.scheduled_sweep(1, true)", &[])
+        .await
+        .expect_err("the scheduler's entry point is internal");
+    assert_eq!(sqlstate(&e), "42501");
+}
+
+/// A database the scheduler does not serve, with the extension.
+async fn unserved_database(c: &Client) -> Client {
+    let name = format!("alkblobs_unserved_{}", std::process::id());
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .await
+        .unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let u = url();
+    let base = u.rsplit_once('/').unwrap().0;
+    let (client, mut conn) =
+        tokio_postgres::connect(&format!("{base}/{name}"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    tokio::spawn(async move {
+        let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = futures::StreamExt::next(&mut stream).await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = m {
+                let _ = tx.send(n.message().to_owned());
+            }
+        }
+    });
+    NOTICES.lock().unwrap().replace(rx);
+    client
+        .batch_execute("CREATE EXTENSION alkblobs")
+        .await
+        .unwrap();
+    client
+}
+
+static NOTICES: std::sync::Mutex<Option<std::sync::mpsc::Receiver<String>>> =
+    std::sync::Mutex::new(None);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_without_a_scheduler_says_scheduling_is_off() {
+    let c = connect().await;
+    let db = unserved_database(&c).await;
+    db.execute(
+        "SELECT alkblobs_create_pool('unserved', delete_window => '0', sweep_every => '1 second')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let notices: Vec<String> = {
+        let guard = NOTICES.lock().unwrap();
+        let rx = guard.as_ref().unwrap();
+        std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(2)).ok())
+            .take(1)
+            .collect()
+    };
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("scheduling is off") && n.contains("nothing sweeps it")),
+        "{notices:?}"
+    );
+    db.execute(
+        "SELECT alkblobs_put('unserved', alkblobs_key('x'), 'x', 'o')",
+        &[],
+    )
+    .await
+    .unwrap();
+    db.execute(
+        "SELECT alkblobs_unpin('unserved', alkblobs_key('x'), 'o')",
+        &[],
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n: i64 = db
+        .query_one("SELECT count(*) FROM alkblobs_sweeps", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        n, 0,
+        "something swept a database the scheduler does not serve"
+    );
+    let r = db
+        .query_one(
+            "SELECT scheduler, status, reasons FROM alkblobs_health WHERE pool = 'unserved'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), "off");
+    assert_eq!(r.get::<_, String>(1), "warn");
+    let reasons: Vec<String> = r.get(2);
+    assert!(
+        reasons.iter().any(|x| x.contains("scheduling is off")),
+        "{reasons:?}"
+    );
+    // Everything else works there: a sweep from psql collects.
+    db.execute("SELECT * FROM alkblobs_sweep('unserved')", &[])
+        .await
+        .unwrap();
+    let n: i64 = db
+        .query_one("SELECT count(*) FROM alkblobs_list('unserved')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+    drop(db);
+    let name = format!("alkblobs_unserved_{}", std::process::id());
+    c.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
+
+/// Restores `alkblobs.scheduler_enabled` even if the test fails.
+struct Unpause;
+impl Drop for Unpause {
+    fn drop(&mut self) {
+        let out = std::process::Command::new("psql")
+            .args([
+                "-X",
+                "-q",
+                &url(),
+                "-c",
+                "ALTER SYSTEM RESET alkblobs.scheduler_enabled",
+                "-c",
+                "SELECT pg_reload_conf()",
+            ])
+            .output();
+        if let Ok(o) = out {
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_and_terminating_the_scheduler() {
+    let _s = SCHEDULER.write().await;
+    let c = connect().await;
+    let first = scheduler_pid(&c).await;
+    let pool = pool(&c, "schedpause", "0 seconds", "60 seconds").await;
+    // Paused: nothing is swept, and health says why.
+    let _unpause = Unpause;
+    c.batch_execute("ALTER SYSTEM SET alkblobs.scheduler_enabled = off")
+        .await
+        .unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    within(10, "the reload reaches this session", || async {
+        let v: String = c
+            .query_one("SHOW alkblobs.scheduler_enabled", &[])
+            .await
+            .unwrap()
+            .get(0);
+        v == "off"
+    })
+    .await;
+    // Let the worker finish a tick in progress and see the reload.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let dead = garbage(&c, &pool, b"not while paused").await;
+    schedule(&c, &pool, "1 second").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(present(&c, &pool, &dead).await, "swept while paused");
+    let r = c
+        .query_one(
+            "SELECT scheduler, reasons FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), "paused");
+    c.batch_execute("ALTER SYSTEM RESET alkblobs.scheduler_enabled")
+        .await
+        .unwrap();
+    c.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    within(20, "swept once resumed", || async {
+        !present(&c, &pool, &dead).await
+    })
+    .await;
+
+    // SIGTERM: the worker stops (logging it) and the postmaster starts a
+    // new one after its restart interval.
+    let ok: bool = c
+        .query_one("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok);
+    within(5, "the terminated worker exits", || async {
+        c.query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1", &[&first])
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    let second = scheduler_pid(&c).await;
+    assert_ne!(second, first);
+    let dead = garbage(&c, &pool, b"swept by the new worker").await;
+    within(20, "the new worker sweeps", || async {
+        !present(&c, &pool, &dead).await
+    })
+    .await;
+    schedule(&c, &pool, "0").await;
+}
