@@ -228,7 +228,7 @@ async fn renewing_ten_thousand_pins_is_one_statement() {
     );
 }
 
-/// The upgrade path 0.1.0 -> 0.2.0 -> 0.3.0 -> 0.4.0 exists and applies, carrying
+/// The upgrade path 0.1.0 -> 0.2.0 -> … -> 0.6.0 exists and applies, carrying
 /// data and registrations and the install's privilege policy; DROP and
 /// CREATE are clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,7 +288,19 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(v, "0.5.0", "UPDATE goes to the default version");
+    assert_eq!(v, "0.6.0", "UPDATE goes to the default version");
+    // The upgraded tables have the fresh install's columns (the test
+    // database's extension was created at the current version).
+    let columns = "SELECT string_agg(col, ', ' ORDER BY col) FROM ( \
+                   SELECT a.attrelid::regclass || '.' || a.attname || ' ' \
+                          || format_type(a.atttypid, a.atttypmod) || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END \
+                          || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '') AS col \
+                     FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
+                    WHERE a.attrelid IN ('alkblobs.pools'::regclass, 'alkblobs.sweeps'::regclass) \
+                      AND a.attnum > 0 AND NOT a.attisdropped) s";
+    let upgraded: String = c.query_one(columns, &[]).await.unwrap().get(0);
+    let fresh: String = admin.query_one(columns, &[]).await.unwrap().get(0);
+    assert_eq!(upgraded, fresh, "the upgrade's schema differs from a fresh install's");
     let pools: i64 = c
         .query_one("SELECT count(*) FROM alkblobs_pools", &[])
         .await
@@ -347,6 +359,19 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .await
         .unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (0, 0));
+    // 0.6.0: the sweeps are in the history, and the pool has a health row.
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM alkblobs_sweeps WHERE pool = 'u'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
+    let status: String = c
+        .query_one("SELECT status FROM alkblobs_health WHERE pool = 'u'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "ok");
     let e = c
         .batch_execute("INSERT INTO u_refs VALUES (alkblobs_key('never put'))")
         .await
