@@ -4,6 +4,7 @@
 #   scripts/pg-cluster.sh stop    stop and delete it
 #   scripts/pg-cluster.sh url     print the connection URL
 #   scripts/pg-cluster.sh restart stop (fast: every session dropped) and start it again
+#   scripts/pg-cluster.sh log     print the path of the server log
 #   scripts/pg-cluster.sh ca      print the CA certificate that signed the
 #                                 server's (TLS is on: sslmode=verify-full
 #                                 with sslrootcert=<that file> works)
@@ -91,12 +92,15 @@ url)
 ca)
     echo "$base/tls/ca.crt"
     ;;
+log)
+    echo "$base/server.log"
+    ;;
 restart)
     # Fast shutdown (every session disconnected) and start again.
     as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -m fast -w -t 60 restart >/dev/null
     ;;
 *)
-    echo "usage: $0 start|stop|restart|url|ca" >&2
+    echo "usage: $0 start|stop|restart|url|ca|log" >&2
     exit 2
     ;;
 esac

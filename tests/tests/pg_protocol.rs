@@ -300,7 +300,10 @@ async fn the_extension_upgrades_and_drops_cleanly() {
                       AND a.attnum > 0 AND NOT a.attisdropped) s";
     let upgraded: String = c.query_one(columns, &[]).await.unwrap().get(0);
     let fresh: String = admin.query_one(columns, &[]).await.unwrap().get(0);
-    assert_eq!(upgraded, fresh, "the upgrade's schema differs from a fresh install's");
+    assert_eq!(
+        upgraded, fresh,
+        "the upgrade's schema differs from a fresh install's"
+    );
     let pools: i64 = c
         .query_one("SELECT count(*) FROM alkblobs_pools", &[])
         .await

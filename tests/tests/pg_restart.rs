@@ -9,18 +9,28 @@ use alkblobs::store::postgres::PostgresOptions;
 use alkblobs::{Key, Store, SweepOptions};
 use alkblobs_tests::pg::{connect, url};
 
-fn restart() {
+/// One restart at a time (the tests of this binary run in parallel).
+static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn cluster(cmd: &str) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg-cluster.sh");
     let out = std::process::Command::new("bash")
         .arg(script)
-        .arg("restart")
+        .arg(cmd)
         .output()
-        .expect("run pg-cluster.sh restart");
+        .unwrap_or_else(|e| panic!("run pg-cluster.sh {cmd}: {e}"));
     assert!(
         out.status.success(),
-        "restart failed: {}",
+        "pg-cluster.sh {cmd} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Stops the server (fast: every session, and the scheduler, told to
+/// exit; pg_ctl waits at most 60 s for them) and starts it again.
+fn restart() {
+    cluster("restart");
 }
 
 /// Retries `f` while it fails with a retryable error (the pool reconnecting
@@ -42,6 +52,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_restart_mid_put_and_mid_sweep_loses_nothing() {
+    let _one = RESTARTS.lock().await;
     let c = connect().await;
     let pool =
         alkblobs_tests::pg::pool_with(&c, "restart", "0 seconds", "60 seconds", "pg-lo", true)
@@ -111,4 +122,71 @@ async fn a_server_restart_mid_put_and_mid_sweep_loses_nothing() {
             "a dead entry survived two sweeps"
         );
     }
+}
+
+/// The scheduler's pid in the test database, waiting up to 60 s.
+async fn scheduler_pid() -> i32 {
+    for _ in 0..600 {
+        if let Ok(c) = tokio::time::timeout(Duration::from_secs(2), connect()).await
+            && let Some(r) = c
+                .query_opt(
+                    "SELECT pid FROM pg_stat_activity WHERE backend_type = 'alkblobs scheduler' \
+                     AND datname = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap()
+        {
+            return r.get(0);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no alkblobs scheduler in the test database after 60 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_stops_with_the_server_and_starts_with_it() {
+    let _one = RESTARTS.lock().await;
+    let before = scheduler_pid().await;
+    let c = connect().await;
+    let pool = alkblobs_tests::pg::pool(&c, "restartsched", "0 seconds", "60 seconds").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, sweep_every => '1 second')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    drop(c);
+    // Busy when the server stops: it sweeps the pool every second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    restart();
+    // It stopped on its own, seeing the shutdown (not killed when the
+    // server gave up on it: pg_ctl would have failed after 60 s).
+    let log = std::fs::read_to_string(cluster("log")).expect("the server log");
+    assert!(
+        log.lines().any(|l| l
+            .contains(&format!("[{before}] LOG:  alkblobs scheduler for database"))
+            && l.ends_with("stopping")),
+        "no clean stop of scheduler {before} in the server log"
+    );
+    // A new worker serves the restarted server, and sweeps on schedule.
+    let after = scheduler_pid().await;
+    assert_ne!(after, before);
+    let c = connect().await;
+    let dead = alkblobs_tests::pg::garbage(&c, &pool, b"swept after the restart").await;
+    let mut gone = false;
+    for _ in 0..200 {
+        if !alkblobs_tests::pg::exists(&c, &pool, &dead).await {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the restarted scheduler did not sweep the pool");
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, sweep_every => '0')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
 }
