@@ -201,3 +201,111 @@ fn the_cli_runs_on_a_fleet_pool_from_two_processes() {
     assert!(why.contains("pin:") && why.contains("owner"), "{why}");
     assert!(why.contains("verdict: live: protected by pin"), "{why}");
 }
+
+/// `pool status` shows `alkblobs_health`: a scheduled fleet pool is
+/// swept by the extension's scheduler and reported ok (exit 0); once it is
+/// manual and past its critical threshold it is critical (exit 7); a sweep
+/// by this CLI (a node) makes it ok again.
+#[test]
+fn pool_status_reports_health_and_exits_7_when_critical() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pool = format!("cli-status-{}", std::process::id());
+    let fleet = |args: &[&str]| {
+        let mut v = vec!["--fleet", "--large", "none"];
+        v.extend_from_slice(args);
+        v.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let args = fleet(&[
+        "pool",
+        "create",
+        &pool,
+        "--window",
+        "0s",
+        "--sweep-every",
+        "1s",
+    ]);
+    ok(
+        d,
+        &pool,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(d, &pool, &["pool", "ls", "--json"])).unwrap();
+    let mine = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pool"] == pool.as_str())
+        .expect("listed");
+    assert_eq!(mine["sweep_every_secs"], 1.0);
+    let status = |d: &Path| {
+        let o = run(d, &pool, &["pool", "status", &pool, "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)));
+        (code(&o), v[0].clone())
+    };
+    // Swept by the scheduler with nobody calling it.
+    let mut swept = false;
+    for _ in 0..600 {
+        let (c, h) = status(d);
+        if h["last_sweep_age_secs"].is_number() {
+            assert_eq!(c, 0);
+            assert_eq!(h["status"], "ok", "{h}");
+            assert_eq!(h["scheduler"], "on", "{h}");
+            swept = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(swept, "the scheduler did not sweep the pool within 60 s");
+
+    ok(d, &pool, &["pool", "alter", &pool, "--sweep-every", "off"]);
+    let psql = Command::new("psql")
+        .args([
+            "-X",
+            "-q",
+            &url(),
+            "-c",
+            &format!("SELECT alkblobs_alter_pool('{pool}', critical_after => '1 second')"),
+        ])
+        .output()
+        .expect("run psql");
+    assert!(
+        psql.status.success(),
+        "{}",
+        String::from_utf8_lossy(&psql.stderr)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (c, h) = status(d);
+    assert_eq!(c, 7, "{h}");
+    assert_eq!(h["status"], "critical");
+    assert_eq!(h["scheduler"], "manual");
+    assert!(
+        h["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("no completed sweep")),
+        "{h}"
+    );
+    let o = run(d, &pool, &["pool", "status", &pool]);
+    assert_eq!(code(&o), 7);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains(&pool) && text.contains("critical"), "{text}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("critical"));
+    // A node's sweep (this CLI, in fleet mode) is in the history: ok again.
+    ok(
+        d,
+        &pool,
+        &fleet(&["gc"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let (c, h) = status(d);
+    assert_eq!((c, h["status"].as_str()), (0, Some("ok")), "{h}");
+    // An unknown pool is not found.
+    let o = run(d, &pool, &["pool", "status", "no-such-pool-here"]);
+    assert_eq!(code(&o), 3);
+}

@@ -94,6 +94,45 @@ pub struct PoolInfo {
     pub delete_window: Duration,
     /// The pool's pin TTL.
     pub pin_ttl: Duration,
+    /// How often the extension's scheduler sweeps the pool (`None`: only
+    /// when a node or an operator does).
+    pub sweep_every: Option<Duration>,
+}
+
+/// One pool's row of `alkblobs_health` ([`PgPool::health`]): is its
+/// collector running, and is anything piling up? docs/operations.md,
+/// "Health", has the thresholds.
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct PoolHealth {
+    /// The pool.
+    pub pool: String,
+    /// `ok`, `warn` or `critical`.
+    pub status: String,
+    /// Why it is not `ok`, one sentence each.
+    pub reasons: Vec<String>,
+    /// `fleet` or `single`.
+    pub mode: String,
+    /// The pool's schedule, in seconds (`None`: manual).
+    pub sweep_every_secs: Option<f64>,
+    /// `on`, `paused`, `off` (nothing serves this database), `manual` or
+    /// `owner instance` (single-instance pools).
+    pub scheduler: String,
+    /// Seconds since the last completed sweep (`None`: never swept).
+    pub last_sweep_age_secs: Option<f64>,
+    /// `ok`, `aborted: <cause>` or `error: <SQLSTATE: message>` of the
+    /// last sweep call.
+    pub last_outcome: Option<String>,
+    /// Staged rows due for longer than the warn threshold.
+    pub overdue_staged: i64,
+    /// Pins expired for longer than the warn threshold.
+    pub expired_pins: i64,
+    /// Uploads whose transaction ended without a commit, and their bytes.
+    pub abandoned_uploads: i64,
+    /// Bytes of those uploads.
+    pub abandoned_upload_bytes: i64,
+    /// Registered liveness tables that fail validation.
+    pub invalid_sources: i64,
 }
 
 /// A connection pool to one alkblobs pool, shared by its engines and the
@@ -174,6 +213,9 @@ fn pool_info(row: &Row) -> PoolInfo {
         large_tier: row.get(2),
         delete_window: interval_secs(row.get::<_, String>(3).as_str()),
         pin_ttl: interval_secs(row.get::<_, String>(4).as_str()),
+        sweep_every: row
+            .get::<_, Option<String>>(5)
+            .map(|s| interval_secs(s.as_str())),
     }
 }
 
@@ -195,6 +237,9 @@ pub struct PoolSettings {
     pub large_tier: Option<String>,
     /// One instance owns the pool (its in-process arbiter sweeps it).
     pub single_instance: bool,
+    /// How often the extension's scheduler sweeps the pool (fleet pools;
+    /// `None`: manual).
+    pub sweep_every: Option<Duration>,
 }
 
 impl PoolSettings {
@@ -224,6 +269,12 @@ impl PoolSettings {
     /// A single-instance pool.
     pub fn single_instance(mut self, yes: bool) -> Self {
         self.single_instance = yes;
+        self
+    }
+
+    /// Swept by the extension's scheduler every `every` (fleet pools).
+    pub fn sweep_every(mut self, every: Duration) -> Self {
+        self.sweep_every = Some(every);
         self
     }
 }
@@ -327,7 +378,7 @@ impl PgPool {
         let row = c
             .query_typed_opt(
                 "SELECT p.pool, p.mode, p.large_tier, extract(epoch FROM p.delete_window)::text,
-                        extract(epoch FROM p.pin_ttl)::text
+                        extract(epoch FROM p.pin_ttl)::text, extract(epoch FROM p.sweep_every)::text
                    FROM alkblobs_pools p WHERE p.pool = $1",
                 &[(&self.inner.name, Type::TEXT)],
             )
@@ -354,7 +405,7 @@ impl PgPool {
                 self,
                 None,
                 "SELECT p.pool, p.mode, p.large_tier, extract(epoch FROM p.delete_window)::text,
-                        extract(epoch FROM p.pin_ttl)::text
+                        extract(epoch FROM p.pin_ttl)::text, extract(epoch FROM p.sweep_every)::text
                    FROM alkblobs_pools p ORDER BY p.pool",
                 &[],
             )
@@ -374,13 +425,15 @@ impl PgPool {
         self.rows(
             self,
             None,
-            "SELECT alkblobs_create_pool($1, $2::interval, $3::interval, $4, single_instance => $5)",
+            "SELECT alkblobs_create_pool($1, $2::interval, $3::interval, $4, single_instance => $5,
+                                         sweep_every => $6::interval)",
             &[
                 (&name, Type::TEXT),
                 (&w, Type::TEXT),
                 (&t, Type::TEXT),
                 (&large, Type::TEXT),
                 (&settings.single_instance, Type::BOOL),
+                (&settings.sweep_every.map(secs_text), Type::TEXT),
             ],
         )
         .await?;
@@ -403,6 +456,54 @@ impl PgPool {
         )
         .await?;
         Ok(())
+    }
+
+    /// Sets pool `name`'s schedule: swept by the extension's scheduler
+    /// every `every`, or (`None`) only when someone sweeps it.
+    pub async fn set_sweep_every(&self, name: &str, every: Option<Duration>) -> Result<()> {
+        let e = secs_text(every.unwrap_or(Duration::ZERO));
+        self.rows(
+            self,
+            None,
+            "SELECT alkblobs_alter_pool($1, sweep_every => $2::interval)",
+            &[(&name, Type::TEXT), (&e, Type::TEXT)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// `alkblobs_health`: one row per pool this role may read (or just
+    /// `pool`), in name order.
+    pub async fn health(&self, pool: Option<&str>) -> Result<Vec<PoolHealth>> {
+        let rows = self
+            .rows(
+                self,
+                None,
+                "SELECT pool, status, reasons, mode, extract(epoch FROM sweep_every)::float8, scheduler,
+                        extract(epoch FROM last_sweep_age)::float8, last_outcome, overdue_staged,
+                        expired_pins, abandoned_uploads, abandoned_upload_bytes, invalid_sources
+                   FROM alkblobs_health WHERE $1::text IS NULL OR pool = $1 ORDER BY pool",
+                &[(&pool, Type::TEXT)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| PoolHealth {
+                pool: r.get(0),
+                status: r.get(1),
+                reasons: r.get(2),
+                mode: r.get(3),
+                sweep_every_secs: r.get(4),
+                scheduler: r.get(5),
+                last_sweep_age_secs: r.get(6),
+                last_outcome: r.get(7),
+                overdue_staged: r.get(8),
+                expired_pins: r.get(9),
+                abandoned_uploads: r.get(10),
+                abandoned_upload_bytes: r.get(11),
+                invalid_sources: r.get(12),
+            })
+            .collect())
     }
 
     /// The pool's name.

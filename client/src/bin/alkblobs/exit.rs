@@ -24,11 +24,13 @@ pub enum Exit {
     InUse = 5,
     /// A sweep aborted.
     SweepAborted = 6,
+    /// `pool status`: a pool is critical.
+    Critical = 7,
 }
 
 impl Exit {
     /// Every code, in order.
-    const ALL: [Exit; 7] = [
+    const ALL: [Exit; 8] = [
         Exit::Ok,
         Exit::Failure,
         Exit::BadInput,
@@ -36,6 +38,7 @@ impl Exit {
         Exit::Integrity,
         Exit::InUse,
         Exit::SweepAborted,
+        Exit::Critical,
     ];
 
     /// The code's line in the table.
@@ -51,6 +54,9 @@ impl Exit {
             Exit::InUse => "the store is in use by another process (see --wait)",
             Exit::SweepAborted => {
                 "the sweep aborted (a liveness source could not answer); nothing was deleted"
+            }
+            Exit::Critical => {
+                "pool status: a pool's health is critical (its collector is not running)"
             }
         }
     }

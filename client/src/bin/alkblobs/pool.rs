@@ -1,5 +1,5 @@
-//! `pool create | ls | alter`: pools in a PostgreSQL database (the
-//! connecting role needs `alkblobs_admin` to create or change one).
+//! `pool create | ls | alter | status`: pools in a PostgreSQL database
+//! (the connecting role needs `alkblobs_admin` to create or change one).
 
 use std::time::Duration;
 
@@ -23,12 +23,16 @@ pub enum PoolCmd {
         /// Pin TTL (e.g. 60s): how long a fleet pin protects unrenewed.
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Option<Duration>,
+        /// Fleet pools: the extension's scheduler sweeps it this often
+        /// (e.g. 5m; default: only when a node or an operator sweeps).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        sweep_every: Option<Duration>,
         // Where large content goes: the global --large (pg-lo, the default;
         // local; none). A fleet pool: the global --fleet.
     },
     /// List the pools this role may read.
     Ls,
-    /// Change a pool's window or TTL.
+    /// Change a pool's window, TTL or schedule.
     Alter {
         /// The pool.
         name: String,
@@ -38,7 +42,28 @@ pub enum PoolCmd {
         /// New pin TTL.
         #[arg(long, value_parser = humantime::parse_duration)]
         ttl: Option<Duration>,
+        /// New schedule (e.g. 5m), or `off` for manual sweeps only.
+        #[arg(long, value_parser = every_arg)]
+        sweep_every: Option<Every>,
     },
+    /// Health of every pool this role may read (or one): whether its
+    /// collector runs, and what is piling up. Exits 7 if a pool is
+    /// critical (for cron jobs and health checks).
+    Status {
+        /// Just this pool.
+        name: Option<String>,
+    },
+}
+
+/// A `--sweep-every` value: a duration, or `off`.
+#[derive(Clone, Copy)]
+pub struct Every(Option<Duration>);
+
+fn every_arg(s: &str) -> Result<Every, humantime::DurationError> {
+    match s.trim() {
+        "off" | "manual" | "0" => Ok(Every(None)),
+        d => humantime::parse_duration(d).map(|d| Every(Some(d))),
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -48,6 +73,7 @@ struct PoolRow<'a> {
     large_tier: &'a str,
     delete_window_secs: f64,
     pin_ttl_secs: f64,
+    sweep_every_secs: Option<f64>,
 }
 
 fn row(p: &PoolInfo) -> PoolRow<'_> {
@@ -57,6 +83,7 @@ fn row(p: &PoolInfo) -> PoolRow<'_> {
         large_tier: &p.large_tier,
         delete_window_secs: p.delete_window.as_secs_f64(),
         pin_ttl_secs: p.pin_ttl.as_secs_f64(),
+        sweep_every_secs: p.sweep_every.map(|d| d.as_secs_f64()),
     }
 }
 
@@ -69,7 +96,12 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
     };
     let db = PgPool::connect_db(&pg.url).await?;
     match cmd {
-        PoolCmd::Create { name, window, ttl } => {
+        PoolCmd::Create {
+            name,
+            window,
+            ttl,
+            sweep_every,
+        } => {
             // --fleet: a fleet pool (several instances; the extension sweeps
             // it); without: a single-instance pool (this CLI's stores).
             let mut s = PoolSettings::new().single_instance(!pg.fleet);
@@ -88,6 +120,9 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
             if let Some(l) = large {
                 s = s.large_tier(l);
             }
+            if let Some(e) = sweep_every {
+                s = s.sweep_every(*e);
+            }
             db.create_pool(name, &s).await?;
             if !ctx.json {
                 println!("created pool {name}");
@@ -100,30 +135,99 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
                 return print_json(&pools.iter().map(row).collect::<Vec<_>>());
             }
             println!(
-                "{:<24} {:<7} {:<6} {:>10} {:>10}",
-                "pool", "mode", "large", "window", "ttl"
+                "{:<24} {:<7} {:<6} {:>10} {:>10} {:>12}",
+                "pool", "mode", "large", "window", "ttl", "sweep every"
             );
             for p in &pools {
                 println!(
-                    "{:<24} {:<7} {:<6} {:>10} {:>10}",
+                    "{:<24} {:<7} {:<6} {:>10} {:>10} {:>12}",
                     p.name,
                     p.mode,
                     p.large_tier,
                     humantime::format_duration(p.delete_window).to_string(),
-                    humantime::format_duration(p.pin_ttl).to_string()
+                    humantime::format_duration(p.pin_ttl).to_string(),
+                    p.sweep_every
+                        .map(|d| humantime::format_duration(d).to_string())
+                        .unwrap_or_else(|| "manual".into())
                 );
             }
             Ok(())
         }
-        PoolCmd::Alter { name, window, ttl } => {
-            if window.is_none() && ttl.is_none() {
+        PoolCmd::Alter {
+            name,
+            window,
+            ttl,
+            sweep_every,
+        } => {
+            if window.is_none() && ttl.is_none() && sweep_every.is_none() {
                 return Err(Fail::new(
                     Exit::BadInput,
-                    "pool alter: give --window and/or --ttl",
+                    "pool alter: give --window, --ttl and/or --sweep-every",
                 ));
             }
-            db.alter_pool(name, *window, *ttl).await?;
+            if window.is_some() || ttl.is_some() {
+                db.alter_pool(name, *window, *ttl).await?;
+            }
+            if let Some(Every(e)) = sweep_every {
+                db.set_sweep_every(name, *e).await?;
+            }
             Ok(())
         }
+        PoolCmd::Status { name } => status(ctx, &db, name.as_deref()).await,
+    }
+}
+
+/// `pool status`: the extension's `alkblobs_health`, as a table or JSON;
+/// exit 7 if any pool shown is critical.
+async fn status(ctx: &Ctx, db: &PgPool, name: Option<&str>) -> Res {
+    let rows = db.health(name).await?;
+    if let Some(n) = name
+        && rows.is_empty()
+    {
+        return Err(Fail::new(
+            Exit::NotFound,
+            format!("no pool {n:?} that this role may read"),
+        ));
+    }
+    if ctx.json {
+        print_json(&rows)?;
+    } else {
+        let age = |s: Option<f64>| {
+            s.map(|s| humantime::format_duration(Duration::from_secs(s as u64)).to_string())
+                .unwrap_or_else(|| "never".into())
+        };
+        println!(
+            "{:<24} {:<8} {:<10} {:>12} {:>14}  last outcome",
+            "pool", "status", "scheduler", "sweep every", "last sweep ago"
+        );
+        for h in &rows {
+            println!(
+                "{:<24} {:<8} {:<10} {:>12} {:>14}  {}",
+                h.pool,
+                h.status,
+                h.scheduler,
+                h.sweep_every_secs
+                    .map(|s| humantime::format_duration(Duration::from_secs_f64(s)).to_string())
+                    .unwrap_or_else(|| "manual".into()),
+                age(h.last_sweep_age_secs),
+                h.last_outcome.as_deref().unwrap_or("-")
+            );
+            for r in &h.reasons {
+                println!("    {r}");
+            }
+        }
+    }
+    let critical: Vec<&str> = rows
+        .iter()
+        .filter(|h| h.status == "critical")
+        .map(|h| h.pool.as_str())
+        .collect();
+    if critical.is_empty() {
+        Ok(())
+    } else {
+        Err(Fail::new(
+            Exit::Critical,
+            format!("critical: {}", critical.join(", ")),
+        ))
     }
 }
