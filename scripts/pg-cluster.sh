@@ -60,10 +60,12 @@ fsync = on
 max_connections = 100
 max_locks_per_transaction = 64
 log_min_messages = warning
-# The extension's sweep scheduler (issue 12): one background worker for the
-# test database, looking for due pools every 250 ms.
+# The extension's sweep scheduler (issue 12): a background worker for the
+# test database, looking for due pools every 250 ms, and one for a
+# database without the extension (alkblobs_noext: it must never call into
+# an alkblobs schema someone else made there).
 shared_preload_libraries = 'alkblobs'
-alkblobs.scheduler_databases = '$db'
+alkblobs.scheduler_databases = '$db, alkblobs_noext'
 alkblobs.scheduler_naptime = 250
 CONF
         # Trust on loopback and the private socket only.
@@ -78,6 +80,9 @@ HBA
     "$bindir/psql" -h "$sock" -p "$port" -U postgres -d postgres -qtAc \
         "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
         || "$bindir/psql" -h "$sock" -p "$port" -U postgres -d postgres -qc "CREATE DATABASE $db"
+    "$bindir/psql" -h "$sock" -p "$port" -U postgres -d postgres -qtAc \
+        "SELECT 1 FROM pg_database WHERE datname = 'alkblobs_noext'" | grep -q 1 \
+        || "$bindir/psql" -h "$sock" -p "$port" -U postgres -d postgres -qc "CREATE DATABASE alkblobs_noext"
     echo "$url"
     ;;
 stop)

@@ -610,6 +610,7 @@ BEGIN
                                 sweep_every, history_keep, warn_after, critical_after)
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'));
+    INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));
 EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'alkblobs pool "%" already exists', $1
@@ -2334,8 +2335,11 @@ END $$;
 
 -- The sweep history's writer: one row per sweep call, in the sweep's
 -- transaction, and the pool's rows older than its history_keep deleted
--- (at most 1,000 a call, so a long backlog drains over a few sweeps).
--- `r` is a row of alkblobs.sweep_core, or NULL with `err` set.
+-- (at most 1,000 a call, so a long backlog drains over a few sweeps;
+-- rows another uncommitted sweep is deleting are passed over, never
+-- waited for). A completed sweep (not a dry run, not aborted) sets the
+-- pool's last_completed. `r` is a row of alkblobs.sweep_core, or NULL
+-- with `err` set.
 CREATE FUNCTION alkblobs.record_sweep(p integer, t0 timestamptz, is_scheduled boolean, is_dry boolean, r record, err text)
 RETURNS void
 LANGUAGE plpgsql
@@ -2355,11 +2359,15 @@ BEGIN
                 t0, clock_timestamp(), r.examined, r.live, r.pinned, r.staged, r.executed, r.deleted, r.kept,
                 r.bytes_freed, r.pins_reaped, r.remaining, r.local_due, r.skipped, r.uploads_reaped, r.mark_done,
                 r.aborted);
+        IF NOT is_dry AND r.aborted IS NULL THEN
+            INSERT INTO alkblobs.sweep_state AS st (pool, last_completed) VALUES (p, clock_timestamp())
+            ON CONFLICT (pool) DO UPDATE SET last_completed = excluded.last_completed;
+        END IF;
     END IF;
     DELETE FROM alkblobs.sweeps s WHERE s.id IN (
         SELECT x.id FROM alkblobs.sweeps x
          WHERE x.pool = p AND x.started < clock_timestamp() - keep
-         ORDER BY x.started LIMIT 1000);
+         ORDER BY x.started LIMIT 1000 FOR UPDATE SKIP LOCKED);
 END $$;
 
 -- One bounded sweep call (alkblobs.sweep_core, above), recorded in the
@@ -2392,16 +2400,26 @@ END $$;
 -- Scheduling (the extension's background worker, pg_ext/src/scheduler.rs) -----
 
 -- The fleet pools of this database whose schedule is due: sweep_every has
--- passed since the start of the last scheduled call.
+-- passed since the scheduler last started a run of them; the longest
+-- waiting first.
 CREATE FUNCTION alkblobs.scheduler_due() RETURNS SETOF integer
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT p.id FROM alkblobs.pools p
+    SELECT p.id FROM alkblobs.pools p LEFT JOIN alkblobs.schedule s ON s.pool = p.id
      WHERE p.sweep_every IS NOT NULL AND p.mode = 'fleet'
-       AND coalesce((SELECT max(s.started) FROM alkblobs.sweeps s WHERE s.pool = p.id AND s.scheduled),
-                    '-infinity'::timestamptz) + p.sweep_every <= clock_timestamp()
-     ORDER BY p.id
+       AND coalesce(s.last_scheduled, '-infinity'::timestamptz) + p.sweep_every <= clock_timestamp()
+     ORDER BY s.last_scheduled NULLS FIRST, p.id
 $$;
+
+-- The start of a scheduled run of pool p, committed before its first call.
+CREATE FUNCTION alkblobs.scheduler_claim(p integer) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO alkblobs.schedule AS s (pool, last_scheduled) VALUES (p, clock_timestamp())
+    ON CONFLICT (pool) DO UPDATE SET last_scheduled = excluded.last_scheduled;
+    RETURN true;
+END $$;
 
 -- One scheduled sweep call of pool p, in the worker's transaction. The
 -- sweep's errors are caught (its subtransaction rolled back), recorded in
@@ -2425,16 +2443,26 @@ BEGIN
     END IF;
     BEGIN
         SELECT * INTO r FROM alkblobs.sweep_core(pl.name, false, 1000, marking, 20000);
-    EXCEPTION WHEN OTHERS THEN
+    EXCEPTION WHEN query_canceled OR OTHERS THEN
         err := SQLSTATE || ': ' || SQLERRM;
     END;
+    BEGIN
+        IF err IS NULL THEN
+            PERFORM alkblobs.record_sweep(pl.id, t0, true, false, r, NULL);
+        ELSE
+            PERFORM alkblobs.record_sweep(pl.id, t0, true, false, NULL::record, err);
+        END IF;
+    EXCEPTION WHEN query_canceled OR OTHERS THEN
+        -- Not even the failure can be recorded (a read-only database, a
+        -- full disk): say so in the log and end the run.
+        RAISE WARNING 'alkblobs scheduler: cannot record the sweep of pool "%": %: %', pl.name, SQLSTATE, SQLERRM;
+        RETURN NULL;
+    END;
     IF err IS NOT NULL THEN
-        PERFORM alkblobs.record_sweep(pl.id, t0, true, false, NULL::record, err);
         RAISE WARNING 'alkblobs scheduler: the sweep of pool "%" failed: %', pl.name, err
             USING HINT = 'The scheduler retries it after sweep_every; alkblobs_health and alkblobs_sweeps show it.';
         RETURN NULL;
     END IF;
-    PERFORM alkblobs.record_sweep(pl.id, t0, true, false, r, NULL);
     IF r.aborted IS NOT NULL THEN
         RETURN NULL;
     END IF;
@@ -2464,8 +2492,8 @@ BEGIN
     n := pg_catalog.lo_lseek64(fd, 0, 2); -- SEEK_END
     PERFORM pg_catalog.lo_close(fd);
     RETURN n;
-EXCEPTION WHEN undefined_object THEN
-    RETURN NULL;
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;  -- gone, or not readable: the count still stands
 END $$;
 
 -- One row per pool the caller may read: the alkblobs_health view.
@@ -2480,7 +2508,9 @@ END $$;
 -- max(3 × sweep_every, 5 min) and is critical after
 -- max(10 × sweep_every, 30 min); a manual pool after 1 and 7 days.
 -- Single-instance pools are swept by their owner instance, outside the
--- history: their age is not judged. Counts stop at 100,000.
+-- history: their age is not judged. Counts stop at 100,000 (abandoned
+-- uploads at 10,000). A pool with no completed sweep is aged from when it
+-- was created, or from the upgrade to 0.6.0 for older pools.
 CREATE FUNCTION alkblobs.health_rows()
 RETURNS TABLE (pool text, status text, reasons text[], mode text, sweep_every interval, scheduler text,
                last_sweep timestamptz, last_sweep_age interval, last_attempt timestamptz, last_outcome text,
@@ -2499,6 +2529,7 @@ DECLARE
     why text[];
     age interval;
     old_uploads bigint;
+    since timestamptz;
 BEGIN
     FOR pl IN SELECT * FROM alkblobs.pools x WHERE alkblobs.may(x, 'read') ORDER BY x.name LOOP
         pool := pl.name;
@@ -2511,8 +2542,7 @@ BEGIN
         critical_after := coalesce(pl.critical_after,
                                    CASE WHEN pl.sweep_every IS NULL THEN interval '7 days'
                                         ELSE greatest(10 * pl.sweep_every, interval '30 minutes') END);
-        SELECT max(s.finished) INTO last_sweep FROM alkblobs.sweeps s
-         WHERE s.pool = pl.id AND NOT s.dry_run AND s.aborted IS NULL AND s.error IS NULL;
+        SELECT s.last_completed, s.tracked_since INTO last_sweep, since FROM alkblobs.sweep_state s WHERE s.pool = pl.id;
         SELECT * INTO last_row FROM alkblobs.sweeps s
          WHERE s.pool = pl.id AND NOT s.dry_run ORDER BY s.started DESC, s.id DESC LIMIT 1;
         last_attempt := last_row.started;
@@ -2520,7 +2550,7 @@ BEGIN
                              WHEN last_row.error IS NOT NULL THEN 'error: ' || last_row.error
                              WHEN last_row.aborted IS NOT NULL THEN 'aborted: ' || last_row.aborted
                              ELSE 'ok' END;
-        age := now_ts - coalesce(last_sweep, pl.created_at);
+        age := now_ts - coalesce(last_sweep, since, pl.created_at);
         last_sweep_age := CASE WHEN last_sweep IS NULL THEN NULL ELSE now_ts - last_sweep END;
         SELECT count(*) INTO overdue_staged FROM (
             SELECT 1 FROM alkblobs.marks mk JOIN alkblobs.staged s ON s.mark = mk.id
@@ -2534,7 +2564,7 @@ BEGIN
           INTO abandoned_uploads, abandoned_upload_bytes, old_uploads
           FROM (SELECT u0.loid, u0.started_at FROM alkblobs.uploads u0
                  WHERE u0.pool = pl.id AND pg_catalog.pg_xact_status(u0.xact) IS DISTINCT FROM 'in progress'
-                 LIMIT 100000) u;
+                 LIMIT 10000) u;
         invalid_sources := 0;
         why := '{}';
         FOR l IN SELECT lv.relid FROM alkblobs.liveness lv WHERE lv.pool = pl.id ORDER BY lv.relid LOOP

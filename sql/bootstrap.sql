@@ -241,6 +241,23 @@ CREATE TABLE alkblobs.sweeps (
 );
 CREATE INDEX sweeps_by_pool ON alkblobs.sweeps (pool, started);
 
+-- Per-pool sweep bookkeeping alkblobs_health reads in O(1), independent of
+-- the history's retention: when a sweep last completed, and since when the
+-- pool is tracked (its creation, or the upgrade to 0.6.0).
+CREATE TABLE alkblobs.sweep_state (
+    pool           integer PRIMARY KEY,
+    tracked_since  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_completed timestamptz
+);
+-- When the scheduler last started a run of each pool (claimed in its own
+-- transaction before the run, so a run that takes its worker down does not
+-- make the pool first in line again at once). Only the database's one
+-- worker writes it: a claim never waits.
+CREATE TABLE alkblobs.schedule (
+    pool           integer PRIMARY KEY,
+    last_scheduled timestamptz NOT NULL
+);
+
 REVOKE ALL ON ALL TABLES IN SCHEMA alkblobs FROM PUBLIC;
 
 -- pg_dump dumps the rows of these tables (they are the pools), and the
@@ -261,4 +278,6 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_staged', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_roots', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweep_state', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.schedule', '');
 

@@ -12,6 +12,15 @@
 //! whose sweeper lock a node holds is recorded as a skip
 //! (`aborted = 'sweeper_lock'`), never waited for.
 //!
+//! Each run is claimed first (`alkblobs.scheduler_claim`, its own
+//! transaction), so a run that takes the worker down does not make the
+//! same pool first in line again after the restart. The worker connects as
+//! the bootstrap superuser but calls the extension only after checking that
+//! the functions it names belong to the installed extension, and only as
+//! `alkblobs_owner` (`SET LOCAL ROLE`); its session pins READ COMMITTED,
+//! read-write, `search_path = pg_catalog` and `lock_timeout = 5s` over
+//! whatever the database's or role's defaults say.
+//!
 //! The policy lives in SQL (`sql/api.sql`, "Scheduling"); this file is the
 //! loop: signals, configuration reloads, transactions, and nothing about
 //! pools. SIGTERM (server shutdown, `pg_terminate_backend`) stops it after
@@ -120,29 +129,53 @@ fn report(what: Option<&str>) {
     unsafe { pg_sys::pgstat_report_activity(state, text.as_ptr()) };
 }
 
+/// Is this database's `alkblobs` schema the extension's, at 0.6.0 or
+/// later? The worker is a superuser: before it calls anything in schema
+/// `alkblobs` it checks that the functions it calls are members of the
+/// installed extension (without this, a role allowed to create a schema in
+/// a served database without the extension could plant an `alkblobs`
+/// schema and have its functions run here). Pure catalog reads with
+/// `search_path = pg_catalog`.
+const READY: &str = "SELECT count(*) = 3 FROM pg_catalog.pg_depend d \
+      JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs' \
+     WHERE d.deptype = 'e' AND d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass \
+       AND d.objid IN (pg_catalog.to_regprocedure('alkblobs.scheduled_sweep(integer,boolean)')::pg_catalog.oid, \
+                       pg_catalog.to_regprocedure('alkblobs.scheduler_due()')::pg_catalog.oid, \
+                       pg_catalog.to_regprocedure('alkblobs.scheduler_claim(integer)')::pg_catalog.oid)";
+
+/// In a transaction: checks `READY`, then (if ready) drops to
+/// `alkblobs_owner` for the rest of the transaction — the role the
+/// extension's own functions run as, so nothing the worker calls ever runs
+/// with its superuser privileges, whoever could redefine it — and runs `f`.
+/// `None` when the extension is not there.
+fn as_extension<R, F>(f: F) -> Option<R>
+where
+    F: FnOnce() -> R + std::panic::UnwindSafe + std::panic::RefUnwindSafe,
+{
+    BackgroundWorker::transaction(|| {
+        let ready = Spi::get_one::<bool>(READY).ok().flatten().unwrap_or(false);
+        if !ready {
+            return None;
+        }
+        Spi::run("SET LOCAL ROLE alkblobs_owner").ok()?;
+        Some(f())
+    })
+}
+
 /// The pools due now, or nothing when this database has no alkblobs
 /// extension at a version with a scheduler (logged once per state change).
 fn due_pools(missing: &mut Option<bool>) -> Vec<i32> {
-    let (ready, due) = BackgroundWorker::transaction(|| {
-        let ready = Spi::get_one::<bool>(
-            "SELECT pg_catalog.to_regprocedure('alkblobs.scheduled_sweep(integer,boolean)') IS NOT NULL",
-        )
-        .ok()
-        .flatten()
-        .unwrap_or(false);
-        if !ready {
-            return (false, Vec::new());
-        }
-        let due = Spi::connect(|c| {
+    let due = as_extension(|| {
+        Spi::connect(|c| {
             c.select("SELECT alkblobs.scheduler_due()", None, &[])
                 .map(|rows| {
                     rows.filter_map(|r| r.get::<i32>(1).ok().flatten())
                         .collect::<Vec<_>>()
                 })
                 .unwrap_or_default()
-        });
-        (true, due)
+        })
     });
+    let ready = due.is_some();
     if *missing != Some(!ready) {
         if !ready {
             log!(
@@ -152,13 +185,31 @@ fn due_pools(missing: &mut Option<bool>) -> Vec<i32> {
         }
         *missing = Some(!ready);
     }
-    due
+    due.unwrap_or_default()
+}
+
+/// Claims a run of `pool` (committed before its first call); false if the
+/// extension went away.
+fn claim(pool: i32) -> bool {
+    as_extension(|| {
+        Spi::connect_mut(|c| {
+            c.update(
+                "SELECT alkblobs.scheduler_claim($1)",
+                Some(1),
+                &[pool.into()],
+            )
+            .ok()
+            .and_then(|t| t.first().get::<bool>(1).ok().flatten())
+            .unwrap_or(false)
+        })
+    })
+    .unwrap_or(false)
 }
 
 /// One scheduled call; returns the next call's `mark`, or None when the
 /// pool's run is over.
 fn sweep_call(pool: i32, mark: bool) -> Option<bool> {
-    BackgroundWorker::transaction(|| {
+    as_extension(|| {
         Spi::connect_mut(|c| {
             c.update(
                 "SELECT alkblobs.scheduled_sweep($1, $2)",
@@ -169,6 +220,16 @@ fn sweep_call(pool: i32, mark: bool) -> Option<bool> {
             .and_then(|t| t.first().get::<bool>(1).ok().flatten())
         })
     })
+    .flatten()
+}
+
+/// Applies a pending configuration reload; whether scheduling is on.
+fn reload_and_enabled() -> bool {
+    if BackgroundWorker::sighup_received() {
+        // SAFETY: the standard reload, outside any transaction.
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    }
+    ENABLED.get()
 }
 
 /// The worker's main function (named in its registration).
@@ -181,19 +242,22 @@ pub extern "C-unwind" fn alkblobs_scheduler_main(_arg: pg_sys::Datum) {
     BackgroundWorker::transaction(|| {
         // Lock waits are bounded (the sweep itself never waits for the
         // sweeper lock); the name is what the history's application_name
-        // column and pg_stat_activity show.
-        Spi::run("SET application_name = 'alkblobs scheduler'; SET lock_timeout = '5s'")
+        // column and pg_stat_activity show. The sweep runs only in READ
+        // COMMITTED and writes: database or role defaults saying otherwise
+        // (ALTER DATABASE … SET default_transaction_isolation) must not
+        // stop it. Everything it names is schema-qualified.
+        Spi::run(
+            "SET application_name = 'alkblobs scheduler'; SET lock_timeout = '5s'; \
+             SET search_path = pg_catalog; SET default_transaction_isolation = 'read committed'; \
+             SET default_transaction_read_only = off",
+        )
     })
     .unwrap_or_else(|e| warning!("alkblobs scheduler: cannot configure its session: {e}"));
     log!("alkblobs scheduler started for database \"{db}\"");
     let mut missing = None;
     let mut paused_logged = false;
     'serve: while !stopping() && BackgroundWorker::wait_latch(Some(naptime())) {
-        if BackgroundWorker::sighup_received() {
-            // SAFETY: the standard reload, outside any transaction.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-        }
-        if !ENABLED.get() {
+        if !reload_and_enabled() {
             if !paused_logged {
                 log!("alkblobs scheduler: paused (alkblobs.scheduler_enabled = off)");
                 paused_logged = true;
@@ -205,12 +269,21 @@ pub extern "C-unwind" fn alkblobs_scheduler_main(_arg: pg_sys::Datum) {
             paused_logged = false;
         }
         for pool in due_pools(&mut missing) {
+            if stopping() {
+                break 'serve;
+            }
+            if !reload_and_enabled() || !claim(pool) {
+                continue;
+            }
             let started = Instant::now();
             let mut mark = Some(true);
             let mut calls = 0;
             while let Some(m) = mark {
                 if stopping() {
                     break 'serve;
+                }
+                if !reload_and_enabled() {
+                    break;
                 }
                 report(Some(&format!(
                     "alkblobs scheduler: sweeping pool id {pool}"

@@ -42,6 +42,27 @@ CREATE TABLE alkblobs.sweeps (
     error            text
 );
 CREATE INDEX sweeps_by_pool ON alkblobs.sweeps (pool, started);
-REVOKE ALL ON alkblobs.sweeps FROM PUBLIC;
+-- Per-pool sweep bookkeeping alkblobs_health reads in O(1), independent of
+-- the history's retention: when a sweep last completed, and since when the
+-- pool is tracked (its creation, or the upgrade to 0.6.0).
+CREATE TABLE alkblobs.sweep_state (
+    pool           integer PRIMARY KEY,
+    tracked_since  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    last_completed timestamptz
+);
+-- When the scheduler last started a run of each pool (claimed in its own
+-- transaction before the run, so a run that takes its worker down does not
+-- make the pool first in line again at once). Only the database's one
+-- worker writes it: a claim never waits.
+CREATE TABLE alkblobs.schedule (
+    pool           integer PRIMARY KEY,
+    last_scheduled timestamptz NOT NULL
+);
+-- Existing pools are tracked from the upgrade on (their health does not
+-- count the time before it as time without a sweep).
+INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p;
+REVOKE ALL ON alkblobs.sweeps, alkblobs.sweep_state, alkblobs.schedule FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweep_state', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.schedule', '');

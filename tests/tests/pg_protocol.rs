@@ -277,6 +277,10 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .unwrap()
         .get(0);
     assert_eq!(v, "0.2.0");
+    // A pool older than any health threshold, never swept.
+    c.batch_execute("UPDATE alkblobs.pools SET created_at = now() - interval '30 days'")
+        .await
+        .unwrap();
     c.batch_execute("ALTER EXTENSION alkblobs UPDATE")
         .await
         .unwrap();
@@ -296,7 +300,8 @@ async fn the_extension_upgrades_and_drops_cleanly() {
                           || format_type(a.atttypid, a.atttypmod) || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END \
                           || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '') AS col \
                      FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
-                    WHERE a.attrelid IN ('alkblobs.pools'::regclass, 'alkblobs.sweeps'::regclass) \
+                    WHERE a.attrelid IN ('alkblobs.pools'::regclass, 'alkblobs.sweeps'::regclass, \
+                                         'alkblobs.sweep_state'::regclass, 'alkblobs.schedule'::regclass) \
                       AND a.attnum > 0 AND NOT a.attisdropped) s";
     let upgraded: String = c.query_one(columns, &[]).await.unwrap().get(0);
     let fresh: String = admin.query_one(columns, &[]).await.unwrap().get(0);
@@ -304,6 +309,14 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         upgraded, fresh,
         "the upgrade's schema differs from a fresh install's"
     );
+    // Its health is judged from the upgrade on, not from its creation: no
+    // history does not mean a month without a sweep.
+    let status: String = c
+        .query_one("SELECT status FROM alkblobs_health WHERE pool = 'u'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "ok");
     let pools: i64 = c
         .query_one("SELECT count(*) FROM alkblobs_pools", &[])
         .await

@@ -594,17 +594,22 @@ async fn a_reader_sees_history_and_health_of_its_pools_only() {
         .map(|row| row.get(0))
         .collect();
     assert_eq!(seen, vec![mine.clone()]);
-    // The internals stay closed.
-    let e = r
-        .query("SELECT * FROM alkblobs.sweeps", &[])
-        .await
-        .expect_err("the history table is internal");
-    assert_eq!(sqlstate(&e), "42501");
-    let e = r
-        .query("SELECT alkblobs.scheduled_sweep(1, true)", &[])
-        .await
-        .expect_err("the scheduler's entry point is internal");
-    assert_eq!(sqlstate(&e), "42501");
+    // The internals stay closed, even to an admin (who has USAGE on the
+    // internal schema).
+    let admin = alkblobs_tests::pg::login_role(&c, "schedadmin", "alkblobs_admin").await;
+    let a = alkblobs_tests::pg::connect_as(&admin).await;
+    for sql in [
+        "SELECT count(*) FROM alkblobs.sweeps",
+        "SELECT count(*) FROM alkblobs.sweep_state",
+        "SELECT count(*) FROM alkblobs.schedule",
+        "SELECT alkblobs.scheduled_sweep(1, true)",
+        "SELECT alkblobs.scheduler_claim(1)",
+        "SELECT * FROM alkblobs.scheduler_due()",
+        "SELECT * FROM alkblobs.sweep_core('x')",
+    ] {
+        let e = a.query(sql, &[]).await.expect_err(sql);
+        assert_eq!(sqlstate(&e), "42501", "{sql}: {e}");
+    }
 }
 
 /// A database the scheduler does not serve, with the extension.
@@ -718,6 +723,29 @@ async fn a_database_without_a_scheduler_says_scheduling_is_off() {
         .unwrap();
 }
 
+/// Resets the test database's defaults even if the test fails.
+struct ResetDefaults;
+impl Drop for ResetDefaults {
+    fn drop(&mut self) {
+        let out = std::process::Command::new("psql")
+            .args([
+                "-X",
+                "-q",
+                &url(),
+                "-c",
+                "SET default_transaction_read_only = off",
+                "-c",
+                "ALTER DATABASE alkblobs_test RESET default_transaction_isolation",
+                "-c",
+                "ALTER DATABASE alkblobs_test RESET default_transaction_read_only",
+            ])
+            .output();
+        if let Ok(o) = out {
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+}
+
 /// Restores `alkblobs.scheduler_enabled` even if the test fails.
 struct Unpause;
 impl Drop for Unpause {
@@ -783,6 +811,16 @@ async fn pausing_and_terminating_the_scheduler() {
     })
     .await;
 
+    // Database defaults a sweep cannot run under (it needs READ COMMITTED
+    // and writes): the worker's session overrides them. They apply to the
+    // next worker, the one started after the SIGTERM below.
+    let _defaults = ResetDefaults;
+    c.batch_execute(
+        "ALTER DATABASE alkblobs_test SET default_transaction_isolation = 'serializable'; \
+         ALTER DATABASE alkblobs_test SET default_transaction_read_only = on",
+    )
+    .await
+    .unwrap();
     // SIGTERM: the worker stops (logging it) and the postmaster starts a
     // new one after its restart interval.
     let ok: bool = c
@@ -801,9 +839,225 @@ async fn pausing_and_terminating_the_scheduler() {
     let second = scheduler_pid(&c).await;
     assert_ne!(second, first);
     let dead = garbage(&c, &pool, b"swept by the new worker").await;
-    within(20, "the new worker sweeps", || async {
-        !present(&c, &pool, &dead).await
+    within(
+        20,
+        "the new worker sweeps despite the database's defaults",
+        || async { !present(&c, &pool, &dead).await },
+    )
+    .await;
+    let n = count(
+        &c,
+        "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND outcome = 'error'",
+        &pool,
+    )
+    .await;
+    assert_eq!(
+        n, 0,
+        "scheduled sweeps failed under the database's defaults"
+    );
+    schedule(&c, &pool, "0").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_sweep_transaction_does_not_stall_the_scheduler() {
+    let _s = SCHEDULER.read().await;
+    let c = connect().await;
+    let pid = scheduler_pid(&c).await;
+    // Pool `held`, swept by the scheduler, history kept 1 s: every call
+    // deletes the rows older than that.
+    let held = pool(&c, "schedheld", "0 seconds", "60 seconds").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, history_keep => '1 second', sweep_every => '1 second')",
+        &[&held],
+    )
+    .await
+    .unwrap();
+    within(20, "a scheduled sweep", || async {
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND scheduled",
+            &held,
+        )
+        .await
+            >= 1
     })
     .await;
-    schedule(&c, &pool, "0").await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // A sweeper sweeps it (deleting the old rows the scheduler's next call
+    // would delete too) and sits in its open transaction.
+    let mut node = connect().await;
+    let tx = node.transaction().await.unwrap();
+    tx.query("SELECT * FROM alkblobs_sweep($1)", &[&held])
+        .await
+        .unwrap();
+    let since: std::time::SystemTime = c
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Pool `next`, after it in line.
+    let next = pool(&c, "schednext", "0 seconds", "60 seconds").await;
+    let dead = garbage(&c, &next, b"swept while another pool is held").await;
+    schedule(&c, &next, "1 second").await;
+    within(20, "the other pool is swept", || async {
+        !present(&c, &next, &dead).await
+    })
+    .await;
+    // (History is kept 1 s, so at most a row or two is there at a time:
+    // look for skips recorded one after the other.)
+    let skip = "SELECT coalesce(max(id), 0) FROM alkblobs_sweeps WHERE pool = $1 AND scheduled \
+                AND aborted = 'sweeper_lock' AND started > $2";
+    let mut last = 0i64;
+    for n in 0..2 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let id: i64 = c.query_one(skip, &[&held, &since]).await.unwrap().get(0);
+            if id > last {
+                last = id;
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "skip {n} of the held pool not recorded within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(scheduler_pid(&c).await, pid, "the scheduler restarted");
+    tx.rollback().await.unwrap();
+    for p in [&held, &next] {
+        schedule(&c, p, "0").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedule_does_not_depend_on_the_history() {
+    let _s = SCHEDULER.read().await;
+    let c = connect().await;
+    scheduler_pid(&c).await;
+    let p = pool(&c, "schedrecent", "0 seconds", "60 seconds").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, sweep_every => '1 hour', history_keep => '1 second')",
+        &[&p],
+    )
+    .await
+    .unwrap();
+    let scheduled = "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1 AND scheduled";
+    within(20, "the first scheduled sweep", || async {
+        count(&c, scheduled, &p).await == 1
+    })
+    .await;
+    // Later sweeps delete that row (history_keep), and still the hour is
+    // not up.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        c.execute("SELECT * FROM alkblobs_sweep($1)", &[&p])
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        count(&c, scheduled, &p).await,
+        0,
+        "retention kept the scheduled row"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        count(&c, scheduled, &p).await,
+        0,
+        "swept again before its hour was up"
+    );
+    schedule(&c, &p, "0").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_never_calls_an_alkblobs_schema_it_did_not_install() {
+    // The cluster serves alkblobs_noext, a database without the extension,
+    // where a role allowed to create schemas plants `alkblobs.*` functions
+    // with the names the worker calls.
+    let c = connect().await;
+    let mut noext_pid = None;
+    for _ in 0..600 {
+        if let Some(r) = c
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'alkblobs scheduler' \
+                 AND datname = 'alkblobs_noext'",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            noext_pid = Some(r.get::<_, i32>(0));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let noext_pid = noext_pid.expect("no scheduler serves alkblobs_noext");
+    let role = alkblobs_tests::pg::login_role(&c, "planter", "alkblobs_reader").await;
+    let u = url();
+    let base = u.rsplit_once('/').unwrap().0;
+    let (admin, conn) =
+        tokio_postgres::connect(&format!("{base}/alkblobs_noext"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    admin
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS alkblobs CASCADE; DROP TABLE IF EXISTS planted_calls; \
+             GRANT CREATE ON DATABASE alkblobs_noext TO {role}; \
+             CREATE TABLE planted_calls (who text, session text, at timestamptz DEFAULT now()); \
+             GRANT INSERT ON planted_calls TO PUBLIC"
+        ))
+        .await
+        .unwrap();
+    let planter_url =
+        format!("{base}/alkblobs_noext").replacen("postgres@", &format!("{role}@"), 1);
+    let (planter, conn) = tokio_postgres::connect(&planter_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    planter
+        .batch_execute(
+            "CREATE SCHEMA alkblobs;
+             CREATE FUNCTION alkblobs.scheduler_due() RETURNS SETOF integer LANGUAGE plpgsql AS
+               $$ BEGIN INSERT INTO public.planted_calls (who, session) VALUES (current_user, session_user); RETURN NEXT 1; END $$;
+             CREATE FUNCTION alkblobs.scheduler_claim(p integer) RETURNS boolean LANGUAGE plpgsql AS
+               $$ BEGIN INSERT INTO public.planted_calls (who, session) VALUES (current_user, session_user); RETURN true; END $$;
+             CREATE FUNCTION alkblobs.scheduled_sweep(p integer, m boolean) RETURNS boolean LANGUAGE plpgsql AS
+               $$ BEGIN INSERT INTO public.planted_calls (who, session) VALUES (current_user, session_user); RETURN NULL; END $$;
+             GRANT USAGE ON SCHEMA alkblobs TO PUBLIC;
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA alkblobs TO PUBLIC;",
+        )
+        .await
+        .unwrap();
+    // Twelve naptimes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls: Vec<(String, String)> = admin
+        .query("SELECT who, session FROM planted_calls", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    drop(planter);
+    admin
+        .batch_execute(&format!(
+            "DROP SCHEMA alkblobs CASCADE; DROP TABLE planted_calls; \
+             REVOKE CREATE ON DATABASE alkblobs_noext FROM {role}"
+        ))
+        .await
+        .unwrap();
+    assert!(
+        calls.is_empty(),
+        "the scheduler called planted functions: {calls:?}"
+    );
+    // And the worker is still there, waiting for a real extension.
+    let still: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&noext_pid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(still, 1);
 }
