@@ -17,7 +17,9 @@
 --   sweeps of the pool; alkblobs_sweep is now a wrapper around
 --   alkblobs.sweep_core, the 0.5.0 sweep unchanged;
 -- * alkblobs_health: one row per pool with a status (ok / warn /
---   critical) and its reasons.
+--   critical) and its reasons, from alkblobs.sweep_state (last completed
+--   sweep; existing pools are tracked from the upgrade on) and
+--   alkblobs.schedule (the scheduler's claims).
 
 -- Functions whose argument list changed.
 DROP FUNCTION @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean);
