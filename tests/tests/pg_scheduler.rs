@@ -1057,3 +1057,92 @@ async fn the_scheduler_never_calls_an_alkblobs_schema_it_did_not_install() {
         .get(0);
     assert_eq!(still, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_counts_what_a_sweep_should_have_removed() {
+    // A manual pool nobody sweeps after its first sweep: a staged row
+    // overdue, a pin expired long ago, an abandoned upload.
+    let mut c = connect().await;
+    let p = pool(&c, "schedpiles", "1 second", "1 second").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, warn_after => '1 second')",
+        &[&p],
+    )
+    .await
+    .unwrap();
+    garbage(&c, &p, b"staged and then left").await;
+    put(&c, &p, b"pinned by a node that vanished", "gone").await;
+    // Stages the dead entry (the expired pin is not expired yet).
+    c.execute("SELECT * FROM alkblobs_sweep($1)", &[&p])
+        .await
+        .unwrap();
+    let (status, reasons) = health(&c, &p).await;
+    assert_eq!(status, "ok", "{reasons:?}");
+    // After that sweep, which would have reclaimed it:
+    {
+        let tx = c.transaction().await.unwrap();
+        let loid: u32 = tx
+            .query_one("SELECT alkblobs_lo_create($1)", &[&p])
+            .await
+            .unwrap()
+            .get(0);
+        tx.execute(
+            "SELECT alkblobs_lo_write($1, 0, $2)",
+            &[&loid, &vec![9u8; 12_345]],
+        )
+        .await
+        .unwrap();
+        // Committed without alkblobs_lo_commit: abandoned.
+        tx.commit().await.unwrap();
+    }
+    // Due after 1 s, overdue 1 s later; the pin expires after 1 s and is
+    // overdue 1 s later; the upload is over 1 s old.
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let r = c
+        .query_one(
+            "SELECT status, reasons, overdue_staged, expired_pins, abandoned_uploads, \
+                    abandoned_upload_bytes, invalid_sources \
+               FROM alkblobs_health WHERE pool = $1",
+            &[&p],
+        )
+        .await
+        .unwrap();
+    let reasons: Vec<String> = r.get(1);
+    assert_eq!(r.get::<_, String>(0), "warn", "{reasons:?}");
+    assert_eq!(r.get::<_, i64>(2), 1, "overdue staged");
+    assert_eq!(r.get::<_, i64>(3), 1, "expired pins");
+    assert_eq!(r.get::<_, i64>(4), 1, "abandoned uploads");
+    assert_eq!(r.get::<_, i64>(5), 12_345, "abandoned upload bytes");
+    assert_eq!(r.get::<_, i64>(6), 0);
+    for what in [
+        "staged rows due",
+        "pins expired",
+        "uploads abandoned",
+        "no completed sweep",
+    ] {
+        assert!(
+            reasons.iter().any(|x| x.contains(what)),
+            "{what}: {reasons:?}"
+        );
+    }
+    // A sweep clears all of it.
+    for _ in 0..3 {
+        c.execute("SELECT * FROM alkblobs_sweep($1)", &[&p])
+            .await
+            .unwrap();
+    }
+    let r = c
+        .query_one(
+            "SELECT status, reasons, overdue_staged, expired_pins, abandoned_uploads \
+               FROM alkblobs_health WHERE pool = $1",
+            &[&p],
+        )
+        .await
+        .unwrap();
+    let reasons: Vec<String> = r.get(1);
+    assert_eq!(r.get::<_, String>(0), "ok", "{reasons:?}");
+    assert_eq!(
+        (r.get::<_, i64>(2), r.get::<_, i64>(3), r.get::<_, i64>(4)),
+        (0, 0, 0)
+    );
+}
