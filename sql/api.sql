@@ -2402,16 +2402,23 @@ END $$;
 -- The fleet pools of this database whose schedule is due: sweep_every has
 -- passed since the scheduler last started a run of them; the longest
 -- waiting first.
+-- (Nothing when the tables stay locked, e.g. by an upgrade, for the
+-- worker's lock_timeout: the next look retries.)
 CREATE FUNCTION alkblobs.scheduler_due() RETURNS SETOF integer
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY
     SELECT p.id FROM alkblobs.pools p LEFT JOIN alkblobs.schedule s ON s.pool = p.id
      WHERE p.sweep_every IS NOT NULL AND p.mode = 'fleet'
        AND coalesce(s.last_scheduled, '-infinity'::timestamptz) + p.sweep_every <= clock_timestamp()
-     ORDER BY s.last_scheduled NULLS FIRST, p.id
-$$;
+     ORDER BY s.last_scheduled NULLS FIRST, p.id;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN;
+END $$;
 
 -- The start of a scheduled run of pool p, committed before its first call.
+-- False (the pool is skipped this time) if its row stays locked.
 CREATE FUNCTION alkblobs.scheduler_claim(p integer) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
@@ -2419,6 +2426,9 @@ BEGIN
     INSERT INTO alkblobs.schedule AS s (pool, last_scheduled) VALUES (p, clock_timestamp())
     ON CONFLICT (pool) DO UPDATE SET last_scheduled = excluded.last_scheduled;
     RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE WARNING 'alkblobs scheduler: pool % skipped: its schedule row stayed locked', p;
+    RETURN false;
 END $$;
 
 -- One scheduled sweep call of pool p, in the worker's transaction. The
@@ -2437,7 +2447,12 @@ DECLARE
     r record;
     err text;
 BEGIN
-    SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
+    BEGIN
+        SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE WARNING 'alkblobs scheduler: pool % skipped: %', p, SQLERRM;
+        RETURN NULL;
+    END;
     IF NOT FOUND OR pl.sweep_every IS NULL OR pl.mode <> 'fleet' OR marking IS NULL THEN
         RETURN NULL;
     END IF;
@@ -2455,7 +2470,8 @@ BEGIN
     EXCEPTION WHEN query_canceled OR OTHERS THEN
         -- Not even the failure can be recorded (a read-only database, a
         -- full disk): say so in the log and end the run.
-        RAISE WARNING 'alkblobs scheduler: cannot record the sweep of pool "%": %: %', pl.name, SQLSTATE, SQLERRM;
+        RAISE WARNING 'alkblobs scheduler: cannot record the sweep of pool "%" (%): %: %', pl.name,
+                      coalesce('it failed: ' || err, 'it completed'), SQLSTATE, SQLERRM;
         RETURN NULL;
     END;
     IF err IS NOT NULL THEN

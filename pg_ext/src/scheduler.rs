@@ -17,7 +17,8 @@
 //! same pool first in line again after the restart. The worker connects as
 //! the bootstrap superuser but calls the extension only after checking that
 //! the functions it names belong to the installed extension, and only as
-//! `alkblobs_owner` (`SET LOCAL ROLE`); its session pins READ COMMITTED,
+//! `alkblobs_owner` (a local user-id change that cannot be `RESET`); its
+//! session pins READ COMMITTED,
 //! read-write, `search_path = pg_catalog` and `lock_timeout = 5s` over
 //! whatever the database's or role's defaults say.
 //!
@@ -143,11 +144,14 @@ const READY: &str = "SELECT count(*) = 3 FROM pg_catalog.pg_depend d \
                        pg_catalog.to_regprocedure('alkblobs.scheduler_due()')::pg_catalog.oid, \
                        pg_catalog.to_regprocedure('alkblobs.scheduler_claim(integer)')::pg_catalog.oid)";
 
-/// In a transaction: checks `READY`, then (if ready) drops to
-/// `alkblobs_owner` for the rest of the transaction — the role the
-/// extension's own functions run as, so nothing the worker calls ever runs
-/// with its superuser privileges, whoever could redefine it — and runs `f`.
-/// `None` when the extension is not there.
+/// In a transaction: checks `READY`, then (if ready) runs `f` as
+/// `alkblobs_owner` — the role the extension's own functions run as, so
+/// nothing the worker calls ever runs with its superuser privileges,
+/// whoever could redefine it. The switch is the one autovacuum and REFRESH
+/// MATERIALIZED VIEW make (`SetUserIdAndSecContext` with
+/// `SECURITY_LOCAL_USERID_CHANGE`), not `SET ROLE`: code it runs cannot
+/// `RESET ROLE` back to the superuser. `None` when the extension is not
+/// there.
 fn as_extension<R, F>(f: F) -> Option<R>
 where
     F: FnOnce() -> R + std::panic::UnwindSafe + std::panic::RefUnwindSafe,
@@ -157,8 +161,26 @@ where
         if !ready {
             return None;
         }
-        Spi::run("SET LOCAL ROLE alkblobs_owner").ok()?;
-        Some(f())
+        let owner = Spi::get_one::<pg_sys::Oid>(
+            "SELECT oid FROM pg_catalog.pg_roles WHERE rolname = 'alkblobs_owner'",
+        )
+        .ok()
+        .flatten()?;
+        let (mut saved_user, mut saved_ctx) = (pg_sys::InvalidOid, 0);
+        // SAFETY: the standard save/switch/restore of the current user
+        // inside a transaction; an error in `f` aborts the transaction,
+        // which restores the user on its own.
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx);
+            pg_sys::SetUserIdAndSecContext(
+                owner,
+                saved_ctx | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+            );
+        }
+        let r = f();
+        // SAFETY: as above.
+        unsafe { pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx) };
+        Some(r)
     })
 }
 
