@@ -85,3 +85,45 @@ async fn each_caller_returns_after_the_commit_that_holds_its_row() {
         .unwrap();
     assert_eq!(again.count_and_bytes().await.unwrap().0, 401);
 }
+
+/// Relaxed commits leave checkpoints to the engine's checkpointer thread:
+/// the database file (which only a checkpoint writes once the WAL is in
+/// use) fills while nobody else checkpoints, no put pays for it, and a
+/// close still leaves no `-wal` behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relaxed_commits_are_checkpointed_in_the_background() {
+    use alkblobs::Durability;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index.sqlite");
+    let engine = SqliteBackend::open(
+        &path,
+        SqliteOptions::default().durability(Durability::Relaxed),
+    )
+    .await
+    .unwrap();
+    let start = std::fs::metadata(&path).unwrap().len();
+    // ~3 MB of values: about 7,500 WAL pages, under the writer's own
+    // backstop (16,000), over the checkpointer's threshold several times.
+    for i in 0..3000u32 {
+        let mut v = vec![7u8; 1024];
+        v[..4].copy_from_slice(&i.to_le_bytes());
+        let v = Bytes::from(v);
+        engine.put(&Key::of(&v), v).await.unwrap();
+    }
+    let mut grown = 0;
+    for _ in 0..100 {
+        grown = std::fs::metadata(&path).unwrap().len() - start;
+        if grown >= 2 << 20 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        grown >= 2 << 20,
+        "the database file grew by {grown} bytes: nothing checkpointed the WAL"
+    );
+    let n = engine.list_all().await.unwrap().len();
+    assert_eq!(n, 3000);
+    engine.close().await.unwrap();
+    assert!(!dir.path().join("index.sqlite-wal").exists());
+}
