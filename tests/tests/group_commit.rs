@@ -1,5 +1,6 @@
-//! Group commit of durable sqlite puts: concurrent puts share transactions,
-//! and each caller returns only after the commit that holds its row.
+//! Group commit of sqlite puts (durable and relaxed): concurrent puts share
+//! transactions, and each caller returns only after the commit that holds
+//! its row.
 
 use std::sync::Arc;
 
@@ -14,13 +15,19 @@ use bytes::Bytes;
 /// committed, not merely queued).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_caller_returns_after_the_commit_that_holds_its_row() {
+    each_caller_case(SqliteOptions::default()).await;
+}
+
+/// The same with relaxed commits, which group too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_relaxed_caller_returns_after_the_commit_that_holds_its_row() {
+    each_caller_case(SqliteOptions::default().durability(alkblobs::Durability::Relaxed)).await;
+}
+
+async fn each_caller_case(opts: SqliteOptions) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("index.sqlite");
-    let engine = Arc::new(
-        SqliteBackend::open(&path, SqliteOptions::default())
-            .await
-            .unwrap(),
-    );
+    let engine = Arc::new(SqliteBackend::open(&path, opts).await.unwrap());
     let tasks: Vec<_> = (0..16u64)
         .map(|t| {
             let (e, path) = (engine.clone(), path.clone());

@@ -842,26 +842,16 @@ impl Backend for SqliteBackend {
         .map(|o| o.map(Bytes::from))
     }
 
-    /// Durable puts use group commit: a put queues its row and takes the
-    /// writer; whichever put holds the writer commits every queued row in
-    /// one transaction and one fsync, and each caller returns only after the
-    /// commit that holds its row. A lone caller commits its own row at once
-    /// (the same single transaction as before); concurrent callers share
-    /// fsyncs. Relaxed puts, whose commits cost no fsync, commit one by one.
+    /// Puts use group commit: a put queues its row and takes the writer;
+    /// whichever put holds the writer commits every queued row in one
+    /// transaction (and, durable, one fsync), and each caller returns only
+    /// after the commit that holds its row. A lone caller commits its own
+    /// row at once (the same single transaction as before); concurrent
+    /// callers share commits. (Relaxed commits cost no fsync, but sharing
+    /// them still took 16 concurrent 1 KiB puts from 62–65k to 85–99k/s
+    /// here, for ~3% on a lone caller.)
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
-        if self.inner.opts.durability == Durability::Durable {
-            return self.put_grouped(*key, value).await;
-        }
-        let k = *key;
-        self.write("insert an entry", move |w| {
-            let tx = w
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = put_in_tx(&tx, &mut w.next_vid, w.staged_nonempty, &k, &value)?;
-            tx.commit()?;
-            Ok(out)
-        })
-        .await
+        self.put_grouped(*key, value).await
     }
 
     async fn delete(&self, key: &Key) -> Result<Option<u64>> {
