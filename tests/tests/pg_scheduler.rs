@@ -9,7 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use alkblobs_tests::pg::{connect, garbage, key, pool, put, sqlstate, table_name, url};
+use alkblobs_tests::pg::{
+    connect, garbage, key, pool, put, scheduler_pid_now, sqlstate, table_name, url,
+};
 use tokio::sync::RwLock;
 use tokio_postgres::Client;
 
@@ -23,16 +25,8 @@ const SWEEP_LOCK_CLASS: i32 = 1_634_495_330;
 /// retries after its restart interval).
 async fn scheduler_pid(c: &Client) -> i32 {
     for _ in 0..600 {
-        if let Some(r) = c
-            .query_opt(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'alkblobs scheduler' \
-                 AND datname = current_database()",
-                &[],
-            )
-            .await
-            .unwrap()
-        {
-            return r.get(0);
+        if let Some(pid) = scheduler_pid_now(c, "alkblobs_test").await {
+            return pid;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -101,6 +95,20 @@ async fn lo_exists(c: &Client, loid: u32) -> bool {
     c.query_one(
         "SELECT EXISTS (SELECT 1 FROM pg_largeobject_metadata WHERE oid = $1)",
         &[&loid],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// One column of a pool's `alkblobs_health` row.
+async fn health_col<T>(c: &Client, pool: &str, column: &str) -> T
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    c.query_one(
+        &format!("SELECT {column} FROM alkblobs_health WHERE pool = $1"),
+        &[&pool],
     )
     .await
     .unwrap()
@@ -211,14 +219,7 @@ async fn a_scheduled_pool_is_swept_with_nobody_calling_it() {
     assert!(r.get::<_, bool>(5), "a scheduled call did not complete");
     let (status, reasons) = health(&c, &pool).await;
     assert_eq!(status, "ok", "{reasons:?}");
-    let sched: String = c
-        .query_one(
-            "SELECT scheduler FROM alkblobs_health WHERE pool = $1",
-            &[&pool],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let sched: String = health_col(&c, &pool, "scheduler").await;
     assert_eq!(sched, "on");
 }
 
@@ -272,14 +273,7 @@ async fn a_node_holding_the_sweeper_lock_makes_the_scheduler_skip_never_wait() {
     // A skip is not a failure: the pool is healthy meanwhile.
     let (status, reasons) = health(&c, &pool).await;
     assert_eq!(status, "ok", "{reasons:?}");
-    let outcome: String = c
-        .query_one(
-            "SELECT last_outcome FROM alkblobs_health WHERE pool = $1",
-            &[&pool],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let outcome: String = health_col(&c, &pool, "last_outcome").await;
     assert_eq!(outcome, "aborted: sweeper_lock");
     tx.commit().await.unwrap();
     within(20, "the pool is swept once the node is done", || async {
@@ -378,14 +372,7 @@ async fn a_failing_sweep_is_recorded_and_the_worker_goes_on() {
             .any(|r| r.contains("row-level security") || r.contains(&table)),
         "{reasons:?}"
     );
-    let n: i64 = c
-        .query_one(
-            "SELECT invalid_sources FROM alkblobs_health WHERE pool = $1",
-            &[&invalid],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = health_col(&c, &invalid, "invalid_sources").await;
     assert_eq!(n, 1);
     for p in [&broken, &invalid, &fine] {
         schedule(&c, p, "0").await;
@@ -978,16 +965,8 @@ async fn the_scheduler_never_calls_an_alkblobs_schema_it_did_not_install() {
     let c = connect().await;
     let mut noext_pid = None;
     for _ in 0..600 {
-        if let Some(r) = c
-            .query_opt(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'alkblobs scheduler' \
-                 AND datname = 'alkblobs_noext'",
-                &[],
-            )
-            .await
-            .unwrap()
-        {
-            noext_pid = Some(r.get::<_, i32>(0));
+        noext_pid = scheduler_pid_now(&c, "alkblobs_noext").await;
+        if noext_pid.is_some() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1226,5 +1205,58 @@ async fn code_the_worker_runs_cannot_become_the_superuser() {
     for (who, err) in &seen {
         assert_eq!(who, "alkblobs_owner", "the worker's code ran as {who}");
         assert!(!err.is_empty(), "RESET ROLE was allowed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_health_at_every_isolation_level() {
+    let _s = SCHEDULER.read().await;
+    let mut c = connect().await;
+    let p = pool(&c, "schediso", "0 seconds", "60 seconds").await;
+    // A sweep outside READ COMMITTED is refused before it does anything,
+    // and leaves no history row (nor a "completed" sweep for health).
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let tx = c.transaction().await.unwrap();
+        tx.batch_execute(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        let e = tx
+            .query("SELECT * FROM alkblobs_sweep($1)", &[&p])
+            .await
+            .expect_err(level);
+        assert_eq!(sqlstate(&e), "AB003", "{level}: {e}");
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM alkblobs_sweeps WHERE pool = $1",
+            &p
+        )
+        .await,
+        0
+    );
+    // Settings, history and health work at every level.
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let tx = c.transaction().await.unwrap();
+        tx.batch_execute(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        tx.execute(
+            "SELECT alkblobs_alter_pool($1, history_keep => '2 days', warn_after => '1 hour')",
+            &[&p],
+        )
+        .await
+        .unwrap();
+        let status: String = tx
+            .query_one("SELECT status FROM alkblobs_health WHERE pool = $1", &[&p])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(status, "ok", "{level}");
+        tx.query("SELECT * FROM alkblobs_sweeps WHERE pool = $1", &[&p])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
     }
 }
