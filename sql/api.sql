@@ -2391,7 +2391,8 @@ DECLARE
     r record;
 BEGIN
     SELECT * INTO r FROM alkblobs.sweep_core($1, $2, $3, $4, $5);
-    PERFORM alkblobs.record_sweep((alkblobs.pool($1, 'sweep')).id, t0, false, $2, r, NULL);
+    -- (sweep_core checked the caller's access to the pool.)
+    PERFORM alkblobs.record_sweep((SELECT p.id FROM alkblobs.pools p WHERE p.name = $1), t0, false, $2, r, NULL);
     RETURN QUERY SELECT r.examined, r.live, r.pinned, r.staged, r.executed, r.deleted, r.kept, r.bytes_freed,
                         r.pins_reaped, r.remaining, r.local_due, r.skipped, r.uploads_reaped, r.mark_done,
                         r.aborted, r.duration;

@@ -235,3 +235,15 @@ pub async fn publish_file(c: &Client, pool: &str, key: &[u8], owner: &str) {
 pub fn table_name(pool: &str, suffix: &str) -> String {
     format!("{}_{suffix}", pool.replace(['-', '.', ':'], "_"))
 }
+
+/// The pid of the extension's scheduler serving database `datname`, if
+/// one is running now (`pg_stat_activity`, as the superuser `c`).
+pub async fn scheduler_pid_now(c: &Client, datname: &str) -> Option<i32> {
+    c.query_opt(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'alkblobs scheduler' AND datname = $1",
+        &[&datname],
+    )
+    .await
+    .expect("pg_stat_activity")
+    .map(|r| r.get(0))
+}

@@ -128,16 +128,9 @@ async fn a_server_restart_mid_put_and_mid_sweep_loses_nothing() {
 async fn scheduler_pid() -> i32 {
     for _ in 0..600 {
         if let Ok(c) = tokio::time::timeout(Duration::from_secs(2), connect()).await
-            && let Some(r) = c
-                .query_opt(
-                    "SELECT pid FROM pg_stat_activity WHERE backend_type = 'alkblobs scheduler' \
-                     AND datname = current_database()",
-                    &[],
-                )
-                .await
-                .unwrap()
+            && let Some(pid) = alkblobs_tests::pg::scheduler_pid_now(&c, "alkblobs_test").await
         {
-            return r.get(0);
+            return pid;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
