@@ -134,3 +134,48 @@ async fn relaxed_commits_are_checkpointed_in_the_background() {
     engine.close().await.unwrap();
     assert!(!dir.path().join("index.sqlite-wal").exists());
 }
+
+/// Readers keep their read transaction between reads while nothing is
+/// written (engine docs, "Concurrency"). An idle reader holding one must not
+/// stop the WAL from restarting: puts each followed by reads keep the WAL
+/// near its checkpoint size instead of growing with everything written.
+/// Durable commits checkpoint inline at 1,000 pages (~4 MiB); relaxed ones
+/// in the background, with the writer's own backstop at 16,000 pages
+/// (~66 MB), so each case writes well past its bound. Fails if idle readers'
+/// transactions are not ended around writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_between_writes_do_not_stop_the_wal_restarting() {
+    use alkblobs::Durability;
+    // (mode, puts, largest WAL allowed in bytes); each put writes ~3 pages.
+    for (durability, puts, bound) in [
+        (Durability::Durable, 3000u32, 12u64 << 20),
+        (Durability::Relaxed, 8000, 75_000_000),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.sqlite");
+        let engine = SqliteBackend::open(&path, SqliteOptions::default().durability(durability))
+            .await
+            .unwrap();
+        let wal = dir.path().join("index.sqlite-wal");
+        let mut largest = 0;
+        let mut keys = Vec::new();
+        for i in 0..puts {
+            let mut v = vec![9u8; 1024];
+            v[..4].copy_from_slice(&i.to_le_bytes());
+            let v = Bytes::from(v);
+            let k = Key::of(&v);
+            engine.put(&k, v).await.unwrap();
+            keys.push(k);
+            // Two readers busy at once, then idle in the pool with their
+            // snapshots when the next put begins.
+            let (a, b) = tokio::join!(engine.get(&k), engine.get(&keys[i as usize / 2]));
+            assert!(a.unwrap().is_some() && b.unwrap().is_some());
+            largest = largest.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
+        }
+        assert!(
+            largest < bound,
+            "{durability:?}: the WAL grew to {largest} bytes (bound {bound}): it never restarted"
+        );
+        engine.close().await.unwrap();
+    }
+}
