@@ -52,6 +52,16 @@ backend_suite!(sqlite_relaxed, KV, async {
     (e, dir)
 });
 
+// Point reads through a blocking thread instead of on the calling task.
+backend_suite!(sqlite_blocking_reads, KV, async {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SqliteOptions::default().inline_reads(false);
+    let e = SqliteBackend::open(dir.path().join("kv.sqlite"), opts)
+        .await
+        .unwrap();
+    (e, dir)
+});
+
 large_backend_suite!(local_relaxed, LARGE, async {
     let dir = tempfile::tempdir().unwrap();
     let opts = LocalOptions::default().durability(Durability::Relaxed);

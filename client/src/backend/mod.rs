@@ -368,21 +368,30 @@ where
     let multi =
         Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
     if multi {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            tokio::task::block_in_place(f)
-        })) {
-            Ok(r) => r,
-            Err(p) => Err(panicked(
-                p.downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic".into()),
-            )),
-        }
+        inline(engine, || tokio::task::block_in_place(f))
     } else {
         match tokio::task::spawn_blocking(f).await {
             Ok(r) => r,
             Err(e) => Err(panicked(e.to_string())),
         }
+    }
+}
+
+/// Runs `f` on the calling thread (an async worker, for point reads that
+/// cost a few microseconds; see the sqlite engine's `inline_reads`). A panic
+/// in `f` becomes an engine error, as in [`blocking`].
+pub(crate) fn inline<T>(engine: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => Err(crate::Error::engine(
+            engine,
+            format!(
+                "blocking task failed: {}",
+                p.downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".into())
+            ),
+        )),
     }
 }

@@ -182,6 +182,10 @@ pub struct SqliteOptions {
     /// How long a statement waits for another connection's lock before
     /// failing (default 5 s).
     pub busy_timeout: Duration,
+    /// Point reads (`get`, `has`, `size`, `get_range`) on the calling async
+    /// task instead of a blocking thread (default on; writable opens only).
+    /// See [`SqliteOptions::inline_reads`].
+    pub inline_reads: bool,
 }
 
 impl Default for SqliteOptions {
@@ -190,6 +194,7 @@ impl Default for SqliteOptions {
             durability: Durability::Durable,
             mode: OpenMode::Write,
             busy_timeout: Duration::from_secs(5),
+            inline_reads: true,
         }
     }
 }
@@ -210,6 +215,21 @@ impl SqliteOptions {
     /// How long a statement waits for another connection's lock.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// Whether point reads (`get`, `has`, `size`, `get_range`: one B-tree
+    /// probe and a value of at most the kv threshold) run on the calling
+    /// async task (default `true`) or go through a blocking thread like
+    /// every other statement. From the page cache such a read takes a few
+    /// microseconds, less than handing the async worker to another thread:
+    /// with 16 tasks reading 1 KiB values, 330k → 600k gets/s here
+    /// (`docs/benchmarks.md`). A read that faults pages in from disk holds
+    /// the worker for that long, so turn this off when the database is much
+    /// larger than memory. Read-only opens (another process writes, so a
+    /// read may wait on its locks) never read inline.
+    pub fn inline_reads(mut self, inline: bool) -> Self {
+        self.inline_reads = inline;
         self
     }
 }
@@ -407,6 +427,18 @@ impl Inner {
         r
     }
 
+    /// `f` on a pooled reader (see [`Inner::read_on`]).
+    fn run_read<T>(
+        &self,
+        action: &'static str,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T> {
+        let mut reader = self.take_reader().map_err(|e| self.fail(action, e))?;
+        let r = self.read_on(&mut reader, f);
+        self.give_back(reader);
+        r.map_err(|e| self.fail(action, e))
+    }
+
     fn give_back(&self, mut reader: Reader) {
         if reader.snapshot != Some(self.generation.load(std::sync::atomic::Ordering::Acquire)) {
             reader.end_snapshot();
@@ -600,13 +632,21 @@ impl SqliteBackend {
         T: Send + 'static,
     {
         let inner = self.inner.clone();
-        blocking(&self.inner.display, move || {
-            let mut reader = inner.take_reader().map_err(|e| inner.fail(action, e))?;
-            let r = inner.read_on(&mut reader, f);
-            inner.give_back(reader);
-            r.map_err(|e| inner.fail(action, e))
-        })
-        .await
+        blocking(&self.inner.display, move || inner.run_read(action, f)).await
+    }
+
+    /// A point read: inline on the calling task when the options allow
+    /// (see [`SqliteOptions::inline_reads`]), else as [`Self::read`].
+    async fn point_read<T, F>(&self, action: &'static str, f: F) -> Result<T>
+    where
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let inner = &self.inner;
+        if !(inner.opts.inline_reads && inner.writer.is_some()) {
+            return self.read(action, f).await;
+        }
+        super::inline(&inner.display, || inner.run_read(action, f))
     }
 
     pub(crate) async fn write<T, F>(&self, action: &'static str, f: F) -> Result<T>
@@ -948,7 +988,7 @@ impl Backend for SqliteBackend {
 
     async fn has(&self, key: &Key) -> Result<bool> {
         let k = *key;
-        self.read("probe an entry", move |c| {
+        self.point_read("probe an entry", move |c| {
             c.prepare_cached("SELECT 1 FROM entries WHERE key = ?1")?
                 .exists([key_param(&k)])
         })
@@ -957,7 +997,7 @@ impl Backend for SqliteBackend {
 
     async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
         let k = *key;
-        self.read("read a value", move |c| {
+        self.point_read("read a value", move |c| {
             c.prepare_cached(
                 "SELECT v.value FROM entries e JOIN vals v ON v.vid = e.vid WHERE e.key = ?1",
             )?
@@ -1014,7 +1054,7 @@ impl Backend for SqliteBackend {
 
     async fn size(&self, key: &Key) -> Result<Option<u64>> {
         let k = *key;
-        self.read("probe a size", move |c| {
+        self.point_read("probe a size", move |c| {
             c.prepare_cached("SELECT size FROM entries WHERE key = ?1")?
                 .query_row([key_param(&k)], |r| r.get::<_, i64>(0))
                 .optional()
@@ -1026,7 +1066,7 @@ impl Backend for SqliteBackend {
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         let k = *key;
         let range = self
-            .read("read a range", move |c| {
+            .point_read("read a range", move |c| {
                 // One read transaction: the entry row and its value blob
                 // come from the same snapshot (`read` has opened one unless
                 // the engine is read-only).

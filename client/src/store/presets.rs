@@ -37,6 +37,9 @@ pub struct DirOptions {
     pub threshold: u64,
     /// The delete window.
     pub window: Duration,
+    /// Point reads of the kv engine on the calling task (default `true`;
+    /// see [`SqliteOptions::inline_reads`]).
+    pub inline_reads: bool,
 }
 
 impl Default for DirOptions {
@@ -46,6 +49,7 @@ impl Default for DirOptions {
             durability: Durability::Durable,
             threshold: DEFAULT_THRESHOLD,
             window: DEFAULT_WINDOW,
+            inline_reads: true,
         }
     }
 }
@@ -96,6 +100,14 @@ impl DirOptions {
         self.window = window;
         self
     }
+
+    /// Whether small gets run on the calling async task (default `true`)
+    /// or on a blocking thread; turn off when the index is much larger than
+    /// memory. See [`SqliteOptions::inline_reads`].
+    pub fn inline_reads(mut self, inline: bool) -> Self {
+        self.inline_reads = inline;
+        self
+    }
 }
 
 impl Store {
@@ -116,6 +128,7 @@ impl Store {
             SqliteOptions {
                 durability: opts.durability,
                 mode: opts.mode,
+                inline_reads: opts.inline_reads,
                 ..SqliteOptions::default()
             },
         )
