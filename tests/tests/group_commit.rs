@@ -137,8 +137,10 @@ async fn relaxed_commits_are_checkpointed_in_the_background() {
 
 /// Readers keep their read transaction between reads while nothing is
 /// written (engine docs, "Concurrency"). An idle reader holding one must not
-/// stop the WAL from restarting: puts each followed by reads keep the WAL
-/// near its checkpoint size instead of growing with everything written.
+/// stop the WAL from restarting: puts each followed by reads, with readers
+/// looping beside them, keep the WAL near its checkpoint size instead of
+/// growing with everything written (a reader parked in the pool with a
+/// snapshot taken during a commit blocks that commit's checkpoint).
 /// Durable commits checkpoint inline at 1,000 pages (~4 MiB); relaxed ones
 /// in the background, with the writer's own backstop at 16,000 pages
 /// (~66 MB), so each case writes well past its bound. Fails if idle readers'
@@ -157,6 +159,23 @@ async fn readers_between_writes_do_not_stop_the_wal_restarting() {
             .await
             .unwrap();
         let wal = dir.path().join("index.sqlite-wal");
+        // Readers looping beside the puts: each write's commit (and, durable,
+        // its inline checkpoint) runs while reads come and go.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let first = Bytes::from_static(b"read by the loopers");
+        let first_key = Key::of(&first);
+        engine.put(&first_key, first).await.unwrap();
+        let loopers: Vec<_> = (0..2)
+            .map(|_| {
+                let (engine, stop) = (engine.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        assert!(engine.get(&first_key).await.unwrap().is_some());
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
         let mut largest = 0;
         let mut keys = Vec::new();
         for i in 0..puts {
@@ -172,10 +191,54 @@ async fn readers_between_writes_do_not_stop_the_wal_restarting() {
             assert!(a.unwrap().is_some() && b.unwrap().is_some());
             largest = largest.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
         }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for l in loopers {
+            l.await.unwrap();
+        }
         assert!(
             largest < bound,
             "{durability:?}: the WAL grew to {largest} bytes (bound {bound}): it never restarted"
         );
         engine.close().await.unwrap();
     }
+}
+
+/// A put whose future is polled once and then neither polled nor dropped
+/// (a `select!` on `&mut fut` whose other branch won) must not stall every
+/// other put: once callers arrive together, the commit is led on a task of
+/// its own. Fails if the leader gathers callers inside the caller's future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpolled_put_does_not_stall_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = SqliteBackend::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
+        .await
+        .unwrap();
+    let round = |base: u32| {
+        let engine = engine.clone();
+        async move {
+            let puts: Vec<_> = (0..16u32)
+                .map(|i| {
+                    let engine = engine.clone();
+                    tokio::spawn(async move {
+                        let v = Bytes::from((base + i).to_le_bytes().repeat(64));
+                        engine.put(&Key::of(&v), v).await.unwrap();
+                    })
+                })
+                .collect();
+            for p in puts {
+                p.await.unwrap();
+            }
+        }
+    };
+    // Concurrent callers, so that the next commit gathers.
+    round(0).await;
+    let held_value = Bytes::from_static(b"polled once, then held");
+    let held_key = Key::of(&held_value);
+    let mut held = Box::pin(engine.put(&held_key, held_value));
+    assert!(futures::poll!(&mut held).is_pending() || engine.has(&held_key).await.unwrap());
+    tokio::time::timeout(std::time::Duration::from_secs(20), round(100))
+        .await
+        .expect("puts stalled behind a leader whose future is not polled");
+    assert!(held.await.is_ok());
+    assert!(engine.has(&held_key).await.unwrap());
 }

@@ -35,15 +35,24 @@
 //! embedded default, `index.lock` (see [`OpenMode`]).
 //!
 //! A pooled reader keeps its read transaction open between reads while
-//! nothing was written: every write bumps a generation counter (after its
-//! commit, before any caller is answered), and a read whose reader's
-//! snapshot is of an older generation ends it and starts another. Beginning
-//! and ending a read transaction takes SQLite's shared-memory lock, one
-//! mutex for every connection of the process; per read it was a third of a
-//! 16-task read workload here. Idle readers' transactions are ended before
-//! and after every write, so they never hold back a checkpoint or the WAL's
-//! restart. Read-only opens (another process writes) start a transaction
-//! per read as before.
+//! nothing is written. A generation counter is bumped as every write starts
+//! (to odd) and again when it has finished everything, answering its callers
+//! and SQLite's inline checkpoint included (to even). A read reuses its
+//! reader's transaction only if it was begun at the current, even
+//! generation; while a write runs, reads take a snapshot each as before.
+//! So a read never sees less than a write answered before it began, and no
+//! kept snapshot dates from inside a write. Beginning and ending a read
+//! transaction takes SQLite's shared-memory lock, one mutex for every
+//! connection of the process: a third of a 16-task read workload here.
+//! Idle readers' transactions are ended as each write starts, so they never
+//! hold back its checkpoint or the WAL's restart. Read-only opens (another
+//! process writes) take a snapshot per read. The instance lock makes this
+//! process the only writer; a foreign writer on the file while the store is
+//! open (`sqlite3` by hand) is not seen by kept snapshots until this
+//! process writes.
+//!
+//! Point reads (`get`, `has`, `size`, `get_range`) run on the calling task
+//! unless [`SqliteOptions::inline_reads`] is off.
 //!
 //! # Closing
 //!
@@ -273,8 +282,9 @@ pub(crate) struct Inner {
     pub(crate) display: String,
     opts: SqliteOptions,
     readers: Mutex<Vec<Reader>>,
-    /// Bumped by every write after it commits; see "Concurrency".
-    generation: Arc<std::sync::atomic::AtomicU64>,
+    /// Odd while a write runs, bumped as each starts and ends; see
+    /// "Concurrency".
+    generation: std::sync::atomic::AtomicU64,
     closed: std::sync::atomic::AtomicBool,
     /// Durable puts waiting for the next group commit (see `put`).
     group: Mutex<Group>,
@@ -297,30 +307,58 @@ pub(crate) struct Writer {
     pub(crate) staged_nonempty: bool,
     /// The WAL size (pages) at the last checkpoint request.
     wal_requested: i32,
-    /// The readers' generation counter (see "Concurrency").
-    generation: Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl Writer {
-    /// Marks every snapshot taken before now stale. Called after a commit
-    /// and before anyone learns of it.
-    fn bump(&self) {
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+/// Holds the generation odd while a write runs (see "Concurrency"): from
+/// before its first statement until after everything it does, including
+/// answering group-commit callers and SQLite's inline checkpoint. Even again
+/// when dropped, also on a panic.
+struct Writing<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> Writing<'a> {
+    fn start(generation: &'a std::sync::atomic::AtomicU64) -> Self {
+        generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Writing(generation)
     }
 }
 
-/// A pooled read-only connection and the generation of its open read
-/// transaction, if one is open.
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A pooled read-only connection and the (even) generation its open read
+/// transaction was begun at, if it may be reused.
 pub(crate) struct Reader {
     conn: Connection,
     snapshot: Option<u64>,
+    /// A transaction could not be ended: never pooled again.
+    broken: bool,
 }
 
 impl Reader {
+    fn new(conn: Connection) -> Reader {
+        Reader {
+            conn,
+            snapshot: None,
+            broken: false,
+        }
+    }
+
+    /// Ends any open transaction, tagged or not. A connection whose
+    /// transaction cannot be ended is marked broken (and closed when given
+    /// back) rather than left holding an old snapshot.
     fn end_snapshot(&mut self) {
-        if self.snapshot.take().is_some() && !self.conn.is_autocommit() {
-            let _ = self.conn.execute_batch("ROLLBACK");
+        self.snapshot = None;
+        if !self.conn.is_autocommit() {
+            let ended = self
+                .conn
+                .prepare_cached("ROLLBACK")
+                .and_then(|mut s| s.execute([]));
+            if ended.is_err() || !self.conn.is_autocommit() {
+                self.broken = true;
+            }
         }
     }
 }
@@ -394,34 +432,39 @@ impl Inner {
         let pooled = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match pooled {
             Some(r) => Ok(r),
-            None => Ok(Reader {
-                conn: self.open_reader()?,
-                snapshot: None,
-            }),
+            None => Ok(Reader::new(self.open_reader()?)),
         }
     }
 
-    /// Runs `f` on `reader` in a read transaction at least as new as every
-    /// write answered before this call: its open one if no write committed
-    /// since it began, else a new one. Without a writer in this process
-    /// (read-only), a transaction per call.
+    /// Runs `f` on `reader` in a snapshot at least as new as every write
+    /// answered before this call. The reader's open transaction is reused
+    /// only if it was begun at the current generation and that is even (no
+    /// write has started since); otherwise a new one. While a write runs
+    /// (odd) or without a writer in this process (read-only), `f` runs
+    /// outside any kept transaction, as before snapshots were reused.
     fn read_on<T>(
         &self,
         reader: &mut Reader,
         f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
-        if self.writer.is_some() {
-            // Loaded before the snapshot is taken (at the first read), so the
-            // snapshot holds every commit bumped before this load.
-            let now = self.generation.load(std::sync::atomic::Ordering::Acquire);
-            if reader.snapshot != Some(now) {
-                reader.end_snapshot();
-                reader.conn.execute_batch("BEGIN")?;
+        // Loaded before the snapshot is taken (at the first read), so a
+        // snapshot tagged `now` holds every write finished before the load.
+        let now = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+        let keep = self.writer.is_some() && now.is_multiple_of(2);
+        if !(keep && reader.snapshot == Some(now)) {
+            reader.end_snapshot();
+            if reader.broken {
+                return Err(rusqlite::Error::InvalidParameterName(
+                    "a pooled reader could not end its transaction".into(),
+                ));
+            }
+            if keep {
+                reader.conn.prepare_cached("BEGIN")?.execute([])?;
                 reader.snapshot = Some(now);
             }
         }
         let r = f(&reader.conn);
-        if r.is_err() || reader.conn.is_autocommit() {
+        if r.is_err() || !keep || reader.conn.is_autocommit() {
             reader.end_snapshot();
         }
         r
@@ -439,23 +482,32 @@ impl Inner {
         r.map_err(|e| self.fail(action, e))
     }
 
+    /// Pools `reader` again, its snapshot ended unless still current. The
+    /// generation is read under the pool lock: a write that starts after
+    /// this check finds the reader in the pool (`end_idle_snapshots`).
     fn give_back(&self, mut reader: Reader) {
-        if reader.snapshot != Some(self.generation.load(std::sync::atomic::Ordering::Acquire)) {
+        let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if reader.snapshot != Some(self.generation.load(std::sync::atomic::Ordering::SeqCst)) {
             reader.end_snapshot();
         }
-        let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < 16 && !self.closed.load(std::sync::atomic::Ordering::Acquire) {
+        if !reader.broken
+            && pool.len() < 16
+            && !self.closed.load(std::sync::atomic::Ordering::Acquire)
+        {
             pool.push(reader);
         }
     }
 
-    /// Ends the read transactions of idle readers, so that none holds back
-    /// a checkpoint or the WAL's restart.
+    /// Ends the read transactions of idle readers (called as a write
+    /// starts), so that none holds back its checkpoint or the WAL's restart.
     fn end_idle_snapshots(&self) {
         let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
         for r in pool.iter_mut() {
-            r.end_snapshot();
+            if r.snapshot.is_some() {
+                r.end_snapshot();
+            }
         }
+        pool.retain(|r| !r.broken);
     }
 
     fn group(&self) -> std::sync::MutexGuard<'_, Group> {
@@ -526,7 +578,6 @@ impl SqliteBackend {
                 },
             )
         };
-        let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (writer, lock, checkpointer) = if opts.mode.writable() {
             let lock_path = path.with_extension("lock");
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -580,7 +631,6 @@ impl SqliteBackend {
                 next_vid,
                 staged_nonempty: true,
                 wal_requested: 0,
-                generation: generation.clone(),
             };
             w.refresh_staged().map_err(unable)?;
             let ckpt = if relaxed {
@@ -597,7 +647,7 @@ impl SqliteBackend {
             display: display.clone(),
             opts,
             readers: Mutex::new(Vec::new()),
-            generation,
+            generation: std::sync::atomic::AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
             group: Mutex::new(Group::default()),
             checkpointer: Mutex::new(checkpointer),
@@ -612,10 +662,7 @@ impl SqliteBackend {
         if version < 1 {
             return Err(Error::engine(&display, SqliteError::NoSchema(path)));
         }
-        inner.give_back(Reader {
-            conn: reader,
-            snapshot: None,
-        });
+        inner.give_back(Reader::new(reader));
         Ok(SqliteBackend {
             inner: Arc::new(inner),
         })
@@ -671,12 +718,11 @@ impl SqliteBackend {
                 ));
             };
             WAL_PAGES.with(|c| c.set(0));
+            // Odd from here until this closure ends: no snapshot taken
+            // meanwhile is kept, and every older one is stale after.
+            let _writing = Writing::start(&inner.generation);
             inner.end_idle_snapshots();
             let r = f(w);
-            // Whatever `f` did is committed or rolled back: mark older
-            // snapshots stale before its caller is answered.
-            w.bump();
-            inner.end_idle_snapshots();
             let pages = WAL_PAGES.with(|c| c.replace(0));
             if pages > 0 && pages < w.wal_requested {
                 // The log was reset (a checkpoint completed): count afresh.
@@ -719,11 +765,21 @@ impl SqliteBackend {
             !std::mem::replace(&mut g.leading, true)
         };
         if lead {
-            // Hands the lead on however this future ends (even cancelled).
-            let _lead = LeadGuard(self);
-            // Our row is queued and no other leader exists, so this group
-            // holds it.
-            self.commit_queued().await;
+            let concurrent = self.inner.group().last > 1;
+            match tokio::runtime::Handle::try_current() {
+                // Callers arrive together: gather them on a task of its
+                // own, so that no commit waits for this caller's future to
+                // be polled again (`gather` yields).
+                Ok(handle) if concurrent => self.lead_in_background(&handle),
+                _ => {
+                    // Hands the lead on however this future ends (even
+                    // cancelled).
+                    let _lead = LeadGuard(self);
+                    // Our row is queued and no other leader exists, so this
+                    // group holds it.
+                    self.commit_queued().await;
+                }
+            }
         }
         match answer.await {
             Ok(r) => r.map_err(|e| self.inner.fail("insert an entry", e)),
@@ -795,13 +851,25 @@ impl SqliteBackend {
             g.leading = false;
             return;
         };
-        let db = self.clone();
+        self.lead_in_background(&handle);
+    }
+
+    /// Leads on a task of its own: commits until the queue is empty. If the
+    /// task is dropped unfinished (its runtime shut down), the rows still
+    /// queued are answered with an error and the lead is released.
+    fn lead_in_background(&self, handle: &tokio::runtime::Handle) {
+        let mut lead = BackgroundLead {
+            db: self.clone(),
+            finished: false,
+        };
         handle.spawn(async move {
             loop {
-                db.commit_queued().await;
-                let mut g = db.inner.group();
+                lead.db.commit_queued().await;
+                let mut g = lead.db.inner.group();
                 if g.pending.is_empty() {
                     g.leading = false;
+                    drop(g);
+                    lead.finish();
                     return;
                 }
             }
@@ -857,6 +925,29 @@ impl Drop for LeadGuard<'_> {
     }
 }
 
+/// A background leader; see [`SqliteBackend::lead_in_background`].
+struct BackgroundLead {
+    db: SqliteBackend,
+    finished: bool,
+}
+
+impl BackgroundLead {
+    /// The queue is empty and the lead released: nothing for `drop` to do.
+    fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for BackgroundLead {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut g = self.db.inner.group();
+            g.pending.clear();
+            g.leading = false;
+        }
+    }
+}
+
 /// A durable put queued for the next group commit.
 struct PendingPut {
     key: Key,
@@ -880,9 +971,6 @@ fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> rusqlite::Result<()> 
         tx.commit()?;
         Ok::<_, rusqlite::Error>(outs)
     })();
-    // Committed (or rolled back): older snapshots are stale before any
-    // caller hears of it.
-    w.bump();
     match batch {
         Ok(outs) => {
             for (p, out) in group.into_iter().zip(outs) {
@@ -899,7 +987,6 @@ fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> rusqlite::Result<()> 
                     tx.commit()?;
                     Ok(out)
                 })();
-                w.bump();
                 let _ = p.done.send(one);
             }
         }
@@ -1162,10 +1249,10 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    /// A reader busy in a read while a put commits must not keep its old
-    /// snapshot: the next read on that reader (the pool hands back the last
-    /// reader returned) sees the put. Fails if commits stop bumping the
-    /// generation or `give_back` keeps a stale snapshot.
+    /// A reader busy in a read while a put (then a delete) commits must not
+    /// keep its old snapshot: the next read on that reader (the pool hands
+    /// back the last reader returned) sees the write. Fails if writes stop
+    /// moving the generation.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_snapshot_older_than_an_answered_put_is_never_reused() {
         for durability in [Durability::Durable, Durability::Relaxed] {
@@ -1209,6 +1296,31 @@ mod tests {
                 "{durability:?}: a read after an answered put missed it"
             );
             assert!(db.has(&key).await.unwrap(), "{durability:?}");
+
+            // The same for a delete answered while a snapshot is open.
+            let (taken_tx, taken) = mpsc::channel();
+            let (go, go_rx) = mpsc::channel::<()>();
+            let busy = db.clone();
+            let reading = tokio::spawn(async move {
+                busy.read("hold a snapshot", move |c| {
+                    let n: i64 = c.query_row("SELECT count(*) FROM entries", [], |r| r.get(0))?;
+                    taken_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    Ok(n)
+                })
+                .await
+            });
+            tokio::task::spawn_blocking(move || taken.recv().unwrap())
+                .await
+                .unwrap();
+            assert!(db.delete(&key).await.unwrap().is_some());
+            go.send(()).unwrap();
+            assert_eq!(reading.await.unwrap().unwrap(), 2, "{durability:?}");
+            assert_eq!(
+                db.get(&key).await.unwrap(),
+                None,
+                "{durability:?}: a read after an answered delete still saw the value"
+            );
             db.close().await.unwrap();
         }
     }
