@@ -3,6 +3,7 @@
 //! its row.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
 use alkblobs::{Backend, BackendExt, Key, PutOutcome};
@@ -205,40 +206,84 @@ async fn readers_between_writes_do_not_stop_the_wal_restarting() {
 
 /// A put whose future is polled once and then neither polled nor dropped
 /// (a `select!` on `&mut fut` whose other branch won) must not stall every
-/// other put: once callers arrive together, the commit is led on a task of
-/// its own. Fails if the leader gathers callers inside the caller's future.
+/// other put: whenever leading would suspend the caller's future (callers
+/// arrive together, so the leader gathers them; or a current-thread runtime,
+/// where the commit is awaited on the blocking pool) the commit is led on a
+/// task of its own. Fails if the leader's work stays in the caller's future.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unpolled_put_does_not_stall_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let engine = SqliteBackend::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
         .await
         .unwrap();
-    let round = |base: u32| {
-        let engine = engine.clone();
-        async move {
-            let puts: Vec<_> = (0..16u32)
-                .map(|i| {
-                    let engine = engine.clone();
-                    tokio::spawn(async move {
-                        let v = Bytes::from((base + i).to_le_bytes().repeat(64));
-                        engine.put(&Key::of(&v), v).await.unwrap();
-                    })
-                })
-                .collect();
-            for p in puts {
-                p.await.unwrap();
+    let mut held = None;
+    for attempt in 0..50u32 {
+        // Concurrent callers, so that the next commit gathers.
+        concurrent_puts(&engine, attempt * 100).await;
+        let v = Bytes::from(format!("polled once, then held ({attempt})"));
+        let key = Key::of(&v);
+        let mut put = Box::pin({
+            let engine = engine.clone();
+            async move { engine.put(&key, v).await }
+        });
+        match futures::poll!(&mut put) {
+            // The last group held one row: led inline, already committed.
+            std::task::Poll::Ready(r) => drop(r.unwrap()),
+            std::task::Poll::Pending => {
+                held = Some((key, put));
+                break;
             }
         }
-    };
-    // Concurrent callers, so that the next commit gathers.
-    round(0).await;
-    let held_value = Bytes::from_static(b"polled once, then held");
-    let held_key = Key::of(&held_value);
-    let mut held = Box::pin(engine.put(&held_key, held_value));
-    assert!(futures::poll!(&mut held).is_pending() || engine.has(&held_key).await.unwrap());
-    tokio::time::timeout(std::time::Duration::from_secs(20), round(100))
+    }
+    let (key, held) = held.expect("no put was left pending behind a gathering leader");
+    tokio::time::timeout(Duration::from_secs(20), concurrent_puts(&engine, 10_000))
         .await
         .expect("puts stalled behind a leader whose future is not polled");
-    assert!(held.await.is_ok());
-    assert!(engine.has(&held_key).await.unwrap());
+    held.await.unwrap();
+    assert!(engine.has(&key).await.unwrap());
+}
+
+/// The same on a current-thread runtime, with a lone caller.
+#[tokio::test(flavor = "current_thread")]
+async fn an_unpolled_put_does_not_stall_the_others_on_one_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = SqliteBackend::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
+        .await
+        .unwrap();
+    let v = Bytes::from_static(b"polled once, then held");
+    let key = Key::of(&v);
+    let mut held = Box::pin({
+        let engine = engine.clone();
+        async move { engine.put(&key, v).await }
+    });
+    let first = futures::poll!(&mut held);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        for i in 0..20u32 {
+            let v = Bytes::from(i.to_le_bytes().repeat(8));
+            engine.put(&Key::of(&v), v).await.unwrap();
+        }
+    })
+    .await
+    .expect("puts stalled behind a leader whose future is not polled");
+    match first {
+        std::task::Poll::Ready(r) => drop(r.unwrap()),
+        std::task::Poll::Pending => drop(held.await.unwrap()),
+    }
+    assert!(engine.has(&key).await.unwrap());
+}
+
+/// 16 concurrent puts of distinct values derived from `base`.
+async fn concurrent_puts(engine: &SqliteBackend, base: u32) {
+    let puts: Vec<_> = (0..16u32)
+        .map(|i| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                let v = Bytes::from((base + i).to_le_bytes().repeat(64));
+                engine.put(&Key::of(&v), v).await.unwrap();
+            })
+        })
+        .collect();
+    for p in puts {
+        p.await.unwrap();
+    }
 }

@@ -75,6 +75,11 @@ use super::{
 };
 use crate::{Error, Key, Result};
 
+/// The largest value a point read copies on the calling task (see
+/// [`SqliteOptions::inline_reads`]); larger ones are read on a blocking
+/// thread.
+const INLINE_VALUE_MAX: i64 = 256 * 1024;
+
 /// Keys fetched per `list` page.
 const LIST_PAGE: i64 = 4096;
 
@@ -228,15 +233,19 @@ impl SqliteOptions {
     }
 
     /// Whether point reads (`get`, `has`, `size`, `get_range`: one B-tree
-    /// probe and a value of at most the kv threshold) run on the calling
-    /// async task (default `true`) or go through a blocking thread like
-    /// every other statement. From the page cache such a read takes a few
-    /// microseconds, less than handing the async worker to another thread:
-    /// with 16 tasks reading 1 KiB values, 330k → 600k gets/s here
-    /// (`docs/benchmarks.md`). A read that faults pages in from disk holds
-    /// the worker for that long, so turn this off when the database is much
-    /// larger than memory. Read-only opens (another process writes, so a
-    /// read may wait on its locks) never read inline.
+    /// probe and a value of at most 256 KiB; a bigger value is read on a
+    /// blocking thread) run on the calling async task (default `true`) or
+    /// go through a blocking thread like every other statement. From the
+    /// page cache such a read takes a few microseconds, less than handing
+    /// the async worker to another thread: with 16 tasks reading 1 KiB
+    /// values, 330k → 600k gets/s here (`docs/benchmarks.md`). Each inline
+    /// read spends the task's tokio scheduling budget, so a loop of them
+    /// still yields. A read that faults pages in from disk holds the worker
+    /// for that long, as does SQLite's busy wait in the rare cases a WAL
+    /// reader waits (another process recovering the WAL after a crash,
+    /// up to the busy timeout), so turn this off when the database is much
+    /// larger than memory. Read-only opens (another process writes) never
+    /// read inline.
     pub fn inline_reads(mut self, inline: bool) -> Self {
         self.inline_reads = inline;
         self
@@ -338,6 +347,13 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
+    /// Ends the open transaction unless it is reusable at generation `now`.
+    fn end_stale(&mut self, now: u64) {
+        if !(now.is_multiple_of(2) && self.snapshot == Some(now)) {
+            self.end_snapshot();
+        }
+    }
+
     fn new(conn: Connection) -> Reader {
         Reader {
             conn,
@@ -477,6 +493,11 @@ impl Inner {
         f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T> {
         let mut reader = self.take_reader().map_err(|e| self.fail(action, e))?;
+        reader.end_stale(self.generation.load(std::sync::atomic::Ordering::SeqCst));
+        if reader.broken {
+            // Its transaction could not be ended: close it, use a new one.
+            reader = Reader::new(self.open_reader().map_err(|e| self.fail(action, e))?);
+        }
         let r = self.read_on(&mut reader, f);
         self.give_back(reader);
         r.map_err(|e| self.fail(action, e))
@@ -689,11 +710,20 @@ impl SqliteBackend {
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
         T: Send + 'static,
     {
-        let inner = &self.inner;
-        if !(inner.opts.inline_reads && inner.writer.is_some()) {
+        if !self.reads_inline() {
             return self.read(action, f).await;
         }
-        super::inline(&inner.display, || inner.run_read(action, f))
+        let inner = &self.inner;
+        let r = super::inline(&inner.display, || inner.run_read(action, f));
+        // A loop of inline reads never suspends otherwise: spend the task's
+        // scheduling budget, yielding when it runs out, as an I/O call
+        // would.
+        tokio::task::coop::consume_budget().await;
+        r
+    }
+
+    fn reads_inline(&self) -> bool {
+        self.inner.opts.inline_reads && self.inner.writer.is_some()
     }
 
     pub(crate) async fn write<T, F>(&self, action: &'static str, f: F) -> Result<T>
@@ -767,10 +797,17 @@ impl SqliteBackend {
         if lead {
             let concurrent = self.inner.group().last > 1;
             match tokio::runtime::Handle::try_current() {
-                // Callers arrive together: gather them on a task of its
-                // own, so that no commit waits for this caller's future to
-                // be polled again (`gather` yields).
-                Ok(handle) if concurrent => self.lead_in_background(&handle),
+                // Lead on a task of its own whenever leading would suspend
+                // this caller's future (`gather` yields; off a multi-thread
+                // runtime the commit is awaited on the blocking pool), so
+                // that no commit waits for this future to be polled again.
+                Ok(handle)
+                    if concurrent
+                        || handle.runtime_flavor()
+                            != tokio::runtime::RuntimeFlavor::MultiThread =>
+                {
+                    self.lead_in_background(&handle)
+                }
                 _ => {
                     // Hands the lead on however this future ends (even
                     // cancelled).
@@ -1084,15 +1121,36 @@ impl Backend for SqliteBackend {
 
     async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
         let k = *key;
-        self.point_read("read a value", move |c| {
+        // The value is read only if it is small enough to copy inline (the
+        // CASE is evaluated before the column is loaded); a larger one is
+        // read again on a blocking thread.
+        let read = move |c: &Connection, limit: i64| {
             c.prepare_cached(
-                "SELECT v.value FROM entries e JOIN vals v ON v.vid = e.vid WHERE e.key = ?1",
+                "SELECT e.size, CASE WHEN e.size <= ?2 THEN v.value END \
+                 FROM entries e JOIN vals v ON v.vid = e.vid WHERE e.key = ?1",
             )?
-            .query_row([key_param(&k)], |r| r.get::<_, Vec<u8>>(0))
+            .query_row(rusqlite::params![key_param(&k), limit], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, Option<Vec<u8>>>(1)?))
+            })
             .optional()
-        })
-        .await
-        .map(|o| o.map(Bytes::from))
+        };
+        if self.reads_inline() {
+            match self
+                .point_read("read a value", move |c| read(c, INLINE_VALUE_MAX))
+                .await?
+            {
+                None => return Ok(None),
+                Some((_, Some(v))) => return Ok(Some(Bytes::from(v))),
+                Some((_, None)) => {}
+            }
+        }
+        match self
+            .read("read a value", move |c| read(c, i64::MAX))
+            .await?
+        {
+            None => Ok(None),
+            Some((_, v)) => Ok(Some(Bytes::from(v.unwrap_or_default()))),
+        }
     }
 
     /// Puts use group commit: a put queues its row and takes the writer;
@@ -1152,36 +1210,40 @@ impl Backend for SqliteBackend {
 
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         let k = *key;
-        let range = self
-            .point_read("read a range", move |c| {
-                // One read transaction: the entry row and its value blob
-                // come from the same snapshot (`read` has opened one unless
-                // the engine is read-only).
-                let _tx = if c.is_autocommit() {
-                    Some(c.unchecked_transaction()?)
-                } else {
-                    None
-                };
-                let row: Option<(i64, i64)> = c
-                    .prepare_cached("SELECT size, vid FROM entries WHERE key = ?1")?
-                    .query_row([key_param(&k)], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                let Some((size, vid)) = row else {
-                    return Ok(Range::Missing);
-                };
-                let size = size as u64;
-                if offset > size {
-                    return Ok(Range::PastEnd(size));
-                }
-                let n = len.min(size - offset) as usize;
-                let mut buf = vec![0u8; n];
-                if n > 0 {
-                    let blob = c.blob_open(rusqlite::MAIN_DB, "vals", "value", vid, true)?;
-                    blob.read_at_exact(&mut buf, offset as usize)?;
-                }
-                Ok(Range::Data(buf))
-            })
-            .await?;
+        let read = move |c: &Connection| {
+            // One read transaction: the entry row and its value blob
+            // come from the same snapshot (`read` has opened one unless
+            // the engine is read-only).
+            let _tx = if c.is_autocommit() {
+                Some(c.unchecked_transaction()?)
+            } else {
+                None
+            };
+            let row: Option<(i64, i64)> = c
+                .prepare_cached("SELECT size, vid FROM entries WHERE key = ?1")?
+                .query_row([key_param(&k)], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            let Some((size, vid)) = row else {
+                return Ok(Range::Missing);
+            };
+            let size = size as u64;
+            if offset > size {
+                return Ok(Range::PastEnd(size));
+            }
+            let n = len.min(size - offset) as usize;
+            let mut buf = vec![0u8; n];
+            if n > 0 {
+                let blob = c.blob_open(rusqlite::MAIN_DB, "vals", "value", vid, true)?;
+                blob.read_at_exact(&mut buf, offset as usize)?;
+            }
+            Ok(Range::Data(buf))
+        };
+        // Inline only when the copy is small (see `get`).
+        let range = if len <= INLINE_VALUE_MAX as u64 {
+            self.point_read("read a range", read).await?
+        } else {
+            self.read("read a range", read).await?
+        };
         match range {
             Range::Missing => Ok(None),
             Range::PastEnd(size) => Err(Error::InvalidRange {
@@ -1247,6 +1309,35 @@ impl Backend for SqliteBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Values above the inline limit are read on a blocking thread, whole
+    /// and in ranges; small ones (and the empty value) inline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn values_over_the_inline_limit_are_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SqliteBackend::open(dir.path().join("kv.sqlite"), SqliteOptions::default())
+            .await
+            .unwrap();
+        for len in [
+            0usize,
+            1,
+            INLINE_VALUE_MAX as usize,
+            INLINE_VALUE_MAX as usize + 1,
+            1 << 20,
+        ] {
+            let v = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+            let k = Key::of(&v);
+            db.put(&k, v.clone()).await.unwrap();
+            assert_eq!(db.get(&k).await.unwrap(), Some(v.clone()), "len {len}");
+            let whole = db.get_range(&k, 0, len as u64).await.unwrap();
+            assert_eq!(whole, Some(v.clone()), "range of len {len}");
+            if len > 2 {
+                let tail = db.get_range(&k, 1, u64::MAX).await.unwrap().unwrap();
+                assert_eq!(tail, v.slice(1..), "tail of len {len}");
+            }
+        }
+        db.close().await.unwrap();
+    }
     use std::sync::mpsc;
 
     /// A reader busy in a read while a put (then a delete) commits must not
