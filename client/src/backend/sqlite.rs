@@ -1126,11 +1126,11 @@ impl Backend for SqliteBackend {
         // read again on a blocking thread.
         let read = move |c: &Connection, limit: i64| {
             c.prepare_cached(
-                "SELECT e.size, CASE WHEN e.size <= ?2 THEN v.value END \
+                "SELECT CASE WHEN e.size <= ?2 THEN v.value END \
                  FROM entries e JOIN vals v ON v.vid = e.vid WHERE e.key = ?1",
             )?
             .query_row(rusqlite::params![key_param(&k), limit], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, Option<Vec<u8>>>(1)?))
+                r.get::<_, Option<Vec<u8>>>(0)
             })
             .optional()
         };
@@ -1140,8 +1140,9 @@ impl Backend for SqliteBackend {
                 .await?
             {
                 None => return Ok(None),
-                Some((_, Some(v))) => return Ok(Some(Bytes::from(v))),
-                Some((_, None)) => {}
+                Some(Some(v)) => return Ok(Some(Bytes::from(v))),
+                // Present, over the limit: read below.
+                Some(None) => {}
             }
         }
         match self
@@ -1149,7 +1150,7 @@ impl Backend for SqliteBackend {
             .await?
         {
             None => Ok(None),
-            Some((_, v)) => Ok(Some(Bytes::from(v.unwrap_or_default()))),
+            Some(v) => Ok(Some(Bytes::from(v.unwrap_or_default()))),
         }
     }
 
