@@ -70,3 +70,32 @@ large_backend_suite!(local_relaxed, LARGE, async {
         .unwrap();
     (e, dir)
 });
+
+/// A shard directory an operator removed is recreated by the next put into
+/// it (the publish notices the missing directory), in both durabilities.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_shard_directory_is_recreated_by_a_put() {
+    use alkblobs::{Backend, Key};
+    use bytes::Bytes;
+    for durability in [Durability::Durable, Durability::Relaxed] {
+        let dir = tempfile::tempdir().unwrap();
+        let e = LocalBackend::open(
+            dir.path().join("large"),
+            LocalOptions::default().durability(durability),
+        )
+        .await
+        .unwrap();
+        let v = Bytes::from_static(b"into a shard that is gone");
+        let k = Key::of(&v);
+        let shard = e.path_of(&k).parent().unwrap().to_owned();
+        std::fs::remove_dir(&shard).unwrap();
+        assert_eq!(
+            e.put(&k, v.clone()).await.unwrap(),
+            alkblobs::PutOutcome::Created,
+            "{durability:?}"
+        );
+        assert!(shard.is_dir());
+        assert_eq!(e.get(&k).await.unwrap(), Some(v), "{durability:?}");
+        e.close().await.unwrap();
+    }
+}

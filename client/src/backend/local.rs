@@ -261,13 +261,25 @@ impl Inner {
 
     /// Syncs, closes and publishes a staging file under `key` (blocking).
     fn commit_staged(&self, file: File, staging: &Path, key: &Key) -> Result<PutOutcome> {
-        let result = self.commit_inner(file, staging, key);
+        let mut renamed = false;
+        let result = self.commit_inner(file, staging, key, &mut renamed);
         // Whatever happened, the staging name must not outlive the commit.
-        let _ = fs::remove_file(staging);
+        // (Renamed, it is gone already: no unlink, which would take the
+        // staging directory's lock that every concurrent put contends for.)
+        if !renamed {
+            let _ = fs::remove_file(staging);
+        }
         result
     }
 
-    fn commit_inner(&self, file: File, staging: &Path, key: &Key) -> Result<PutOutcome> {
+    /// Sets `renamed` once the staging name has become the blob's.
+    fn commit_inner(
+        &self,
+        file: File,
+        staging: &Path,
+        key: &Key,
+        renamed: &mut bool,
+    ) -> Result<PutOutcome> {
         let target = self.path_of(key);
         // A dedup hit pays no fsync: the staged bytes are discarded.
         if target.exists() {
@@ -287,11 +299,6 @@ impl Inner {
         close_checked(file).map_err(sync_err)?;
 
         let leaf = target.parent().expect("sharded paths have parents");
-        // Shards are created at open; this only recreates one an operator
-        // removed.
-        if !leaf.is_dir() {
-            self.ensure_dir(leaf)?;
-        }
         let publish_err = |source| {
             self.err(LocalError::UnableToPublishStaged {
                 from: staging.to_owned(),
@@ -299,8 +306,18 @@ impl Inner {
                 source,
             })
         };
-        let outcome = match rename_noreplace(staging, &target) {
-            Ok(true) => PutOutcome::Created,
+        let mut published = rename_noreplace(staging, &target);
+        if matches!(&published, Err(e) if e.kind() == io::ErrorKind::NotFound) && !leaf.is_dir() {
+            // Shards are created at open; this only recreates one an
+            // operator removed.
+            self.ensure_dir(leaf)?;
+            published = rename_noreplace(staging, &target);
+        }
+        let outcome = match published {
+            Ok(true) => {
+                *renamed = true;
+                PutOutcome::Created
+            }
             Ok(false) => PutOutcome::Existed,
             Err(e)
                 if !matches!(
