@@ -307,9 +307,10 @@ impl Inner {
             })
         };
         let mut published = rename_noreplace(staging, &target);
-        if matches!(&published, Err(e) if e.kind() == io::ErrorKind::NotFound) && !leaf.is_dir() {
+        if published.is_err() && !leaf.is_dir() {
             // Shards are created at open; this only recreates one an
-            // operator removed.
+            // operator removed (then renames again, or falls back to a link
+            // below if this kernel has no RENAME_NOREPLACE).
             self.ensure_dir(leaf)?;
             published = rename_noreplace(staging, &target);
         }

@@ -386,7 +386,7 @@ pub(crate) fn inline<T>(engine: &str, f: impl FnOnce() -> Result<T>) -> Result<T
         Err(p) => Err(crate::Error::engine(
             engine,
             format!(
-                "blocking task failed: {}",
+                "read failed: {}",
                 p.downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| p.downcast_ref::<String>().cloned())

@@ -51,8 +51,9 @@
 //! open (`sqlite3` by hand) is not seen by kept snapshots until this
 //! process writes.
 //!
-//! Point reads (`get`, `has`, `size`, `get_range`) run on the calling task
-//! unless [`SqliteOptions::inline_reads`] is off.
+//! Point reads (`get`, `has`, `size`, and `get` or `get_range` of at most
+//! 256 KiB) run on the calling task, spending its tokio scheduling budget,
+//! unless [`SqliteOptions::inline_reads`] is off or the open is read-only.
 //!
 //! # Closing
 //!
@@ -232,13 +233,14 @@ impl SqliteOptions {
         self
     }
 
-    /// Whether point reads (`get`, `has`, `size`, `get_range`: one B-tree
-    /// probe and a value of at most 256 KiB; a bigger value is read on a
-    /// blocking thread) run on the calling async task (default `true`) or
-    /// go through a blocking thread like every other statement. From the
+    /// Whether point reads (`has`, `size`, `get` of a value of at most
+    /// 256 KiB, `get_range` asking for at most 256 KiB; larger ones are read
+    /// on a blocking thread) run on the calling async task (default `true`)
+    /// or go through a blocking thread like every other statement. From the
     /// page cache such a read takes a few microseconds, less than handing
     /// the async worker to another thread: with 16 tasks reading 1 KiB
-    /// values, 330k → 600k gets/s here (`docs/benchmarks.md`). Each inline
+    /// values, 330k → 600k gets/s in a probe here (`docs/design.md` §2
+    /// sqlite; the peer benchmark in `docs/benchmarks.md`). Each inline
     /// read spends the task's tokio scheduling budget, so a loop of them
     /// still yields. A read that faults pages in from disk holds the worker
     /// for that long, as does SQLite's busy wait in the rare cases a WAL
@@ -347,13 +349,6 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
-    /// Ends the open transaction unless it is reusable at generation `now`.
-    fn end_stale(&mut self, now: u64) {
-        if !(now.is_multiple_of(2) && self.snapshot == Some(now)) {
-            self.end_snapshot();
-        }
-    }
-
     fn new(conn: Connection) -> Reader {
         Reader {
             conn,
@@ -470,9 +465,9 @@ impl Inner {
         if !(keep && reader.snapshot == Some(now)) {
             reader.end_snapshot();
             if reader.broken {
-                return Err(rusqlite::Error::InvalidParameterName(
-                    "a pooled reader could not end its transaction".into(),
-                ));
+                // Its transaction could not be ended: close it, use a new
+                // connection.
+                *reader = Reader::new(self.open_reader()?);
             }
             if keep {
                 reader.conn.prepare_cached("BEGIN")?.execute([])?;
@@ -493,11 +488,6 @@ impl Inner {
         f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
     ) -> Result<T> {
         let mut reader = self.take_reader().map_err(|e| self.fail(action, e))?;
-        reader.end_stale(self.generation.load(std::sync::atomic::Ordering::SeqCst));
-        if reader.broken {
-            // Its transaction could not be ended: close it, use a new one.
-            reader = Reader::new(self.open_reader().map_err(|e| self.fail(action, e))?);
-        }
         let r = self.read_on(&mut reader, f);
         self.give_back(reader);
         r.map_err(|e| self.fail(action, e))
@@ -814,7 +804,7 @@ impl SqliteBackend {
                     let _lead = LeadGuard(self);
                     // Our row is queued and no other leader exists, so this
                     // group holds it.
-                    self.commit_queued().await;
+                    answer_all(self.commit_queued().await);
                 }
             }
         }
@@ -831,7 +821,7 @@ impl SqliteBackend {
 
     /// Commits one group: everything queued now. A failure to reach the
     /// writer (a closed engine) drops the group, which answers its callers.
-    async fn commit_queued(&self) {
+    async fn commit_queued(&self) -> Answers {
         self.gather().await;
         let group = {
             let mut g = self.inner.group();
@@ -839,11 +829,13 @@ impl SqliteBackend {
             std::mem::take(&mut g.pending)
         };
         if group.is_empty() {
-            return;
+            return Vec::new();
         }
-        let _ = self
-            .write("insert an entry", move |w| commit_group(w, group))
-            .await;
+        // On an error the closure (and with it the group) was dropped, which
+        // answers its callers.
+        self.write("insert an entry", move |w| Ok(commit_group(w, group)))
+            .await
+            .unwrap_or_default()
     }
 
     /// Before a commit, lets the callers of the last group queue again.
@@ -883,12 +875,18 @@ impl SqliteBackend {
         let Ok(handle) = handle else {
             // No runtime to lead on: answer the queued callers with an error
             // rather than leave them waiting.
-            let mut g = self.inner.group();
-            g.pending.clear();
-            g.leading = false;
+            self.abandon_queue();
             return;
         };
         self.lead_in_background(&handle);
+    }
+
+    /// Drops every queued row (its caller gets the "closed before its
+    /// commit" error) and releases the lead.
+    fn abandon_queue(&self) {
+        let mut g = self.inner.group();
+        g.pending.clear();
+        g.leading = false;
     }
 
     /// Leads on a task of its own: commits until the queue is empty. If the
@@ -901,14 +899,23 @@ impl SqliteBackend {
         };
         handle.spawn(async move {
             loop {
-                lead.db.commit_queued().await;
-                let mut g = lead.db.inner.group();
-                if g.pending.is_empty() {
-                    g.leading = false;
-                    drop(g);
+                let answers = lead.db.commit_queued().await;
+                let done = {
+                    let mut g = lead.db.inner.group();
+                    let empty = g.pending.is_empty();
+                    if empty {
+                        g.leading = false;
+                    }
+                    empty
+                };
+                if done {
+                    // Let go of the engine before the last callers hear back.
                     lead.finish();
+                    drop(lead);
+                    answer_all(answers);
                     return;
                 }
+                answer_all(answers);
             }
         });
     }
@@ -978,9 +985,7 @@ impl BackgroundLead {
 impl Drop for BackgroundLead {
     fn drop(&mut self) {
         if !self.finished {
-            let mut g = self.db.inner.group();
-            g.pending.clear();
-            g.leading = false;
+            self.db.abandon_queue();
         }
     }
 }
@@ -996,7 +1001,7 @@ struct PendingPut {
 /// each caller only after that commit. If the shared transaction fails,
 /// each put is retried in a transaction of its own so that every caller
 /// gets its own outcome (one bad row never fails its neighbours).
-fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> rusqlite::Result<()> {
+fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> Answers {
     let batch = (|| {
         let tx = w
             .conn
@@ -1009,13 +1014,14 @@ fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> rusqlite::Result<()> 
         Ok::<_, rusqlite::Error>(outs)
     })();
     match batch {
-        Ok(outs) => {
-            for (p, out) in group.into_iter().zip(outs) {
-                let _ = p.done.send(Ok(out));
-            }
-        }
-        Err(_) if group.len() > 1 => {
-            for p in group {
+        Ok(outs) => group
+            .into_iter()
+            .zip(outs)
+            .map(|(p, out)| (p.done, Ok(out)))
+            .collect(),
+        Err(_) if group.len() > 1 => group
+            .into_iter()
+            .map(|p| {
                 let one = (|| {
                     let tx = w
                         .conn
@@ -1024,16 +1030,30 @@ fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> rusqlite::Result<()> 
                     tx.commit()?;
                     Ok(out)
                 })();
-                let _ = p.done.send(one);
-            }
-        }
-        Err(e) => {
-            for p in group {
-                let _ = p.done.send(Err(clone_error(&e)));
-            }
-        }
+                (p.done, one)
+            })
+            .collect(),
+        Err(e) => group
+            .into_iter()
+            .map(|p| (p.done, Err(clone_error(&e))))
+            .collect(),
     }
-    Ok(())
+}
+
+/// Each caller's channel and its outcome, sent by [`answer_all`].
+type Answers = Vec<(
+    tokio::sync::oneshot::Sender<rusqlite::Result<PutOutcome>>,
+    rusqlite::Result<PutOutcome>,
+)>;
+
+/// Answers a group's callers. Called once the leader holds no clone of the
+/// engine beyond its caller's own (see `lead_in_background`), so that a
+/// caller that drops the last handle as soon as its put returns can reopen
+/// the database at once.
+fn answer_all(answers: Answers) {
+    for (done, r) in answers {
+        let _ = done.send(r);
+    }
 }
 
 /// rusqlite errors are not `Clone`; keep the code and the message.
@@ -1154,14 +1174,17 @@ impl Backend for SqliteBackend {
         }
     }
 
-    /// Puts use group commit: a put queues its row and takes the writer;
-    /// whichever put holds the writer commits every queued row in one
-    /// transaction (and, durable, one fsync), and each caller returns only
-    /// after the commit that holds its row. A lone caller commits its own
-    /// row at once (the same single transaction as before); concurrent
-    /// callers share commits. (Relaxed commits cost no fsync, but sharing
-    /// them still took 16 concurrent 1 KiB puts from 62–65k to 85–99k/s
-    /// here, for ~3% on a lone caller.)
+    /// Puts use group commit: a put queues its row; if no commit is being
+    /// led it leads one, committing every queued row in one transaction
+    /// (and, durable, one fsync); each caller returns only after the commit
+    /// that holds its row. A lone caller on a multi-thread runtime commits
+    /// its own row at once, in its own call. When the last commit held
+    /// several rows, the leader first lets those callers queue again
+    /// (`gather`) and leads on a task of its own, as it always does on a
+    /// current-thread runtime, so that no commit waits for a caller's future
+    /// to be polled. (Relaxed commits cost no fsync, but sharing them still
+    /// took 16 concurrent 1 KiB puts from 62–65k to 85–99k/s here, for ~3%
+    /// on a lone caller.)
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
         self.put_grouped(*key, value).await
     }
@@ -1311,8 +1334,9 @@ impl Backend for SqliteBackend {
 mod tests {
     use super::*;
 
-    /// Values above the inline limit are read on a blocking thread, whole
-    /// and in ranges; small ones (and the empty value) inline.
+    /// Values on both sides of the inline limit (over it, `get` reads again
+    /// on a blocking thread) come back whole and in ranges, the empty value
+    /// included.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn values_over_the_inline_limit_are_read_whole() {
         let dir = tempfile::tempdir().unwrap();
@@ -1339,7 +1363,32 @@ mod tests {
         }
         db.close().await.unwrap();
     }
-    use std::sync::mpsc;
+    /// Starts a read that takes its snapshot and then waits: returns once
+    /// the snapshot is taken, with the read's task (which answers the
+    /// number of entries it saw) and the sender that lets it finish.
+    async fn hold_snapshot(
+        db: &SqliteBackend,
+    ) -> (
+        tokio::task::JoinHandle<Result<i64>>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (taken_tx, taken) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let busy = db.clone();
+        let reading = tokio::spawn(async move {
+            busy.read("hold a snapshot", move |c| {
+                let n: i64 = c.query_row("SELECT count(*) FROM entries", [], |r| r.get(0))?;
+                taken_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                Ok(n)
+            })
+            .await
+        });
+        tokio::task::spawn_blocking(move || taken.recv().unwrap())
+            .await
+            .unwrap();
+        (reading, go)
+    }
 
     /// A reader busy in a read while a put (then a delete) commits must not
     /// keep its old snapshot: the next read on that reader (the pool hands
@@ -1358,28 +1407,11 @@ mod tests {
             let first = Bytes::from_static(b"first");
             db.put(&Key::of(&first), first.clone()).await.unwrap();
 
-            // A read that takes its snapshot, then waits.
-            let (taken_tx, taken) = mpsc::channel();
-            let (go, go_rx) = mpsc::channel::<()>();
-            let busy = db.clone();
-            let reading = tokio::spawn(async move {
-                busy.read("hold a snapshot", move |c| {
-                    let n: i64 = c.query_row("SELECT count(*) FROM entries", [], |r| r.get(0))?;
-                    taken_tx.send(()).unwrap();
-                    go_rx.recv().unwrap();
-                    Ok(n)
-                })
-                .await
-            });
-            tokio::task::spawn_blocking(move || taken.recv().unwrap())
-                .await
-                .unwrap();
-
-            // A put answered while that snapshot is open.
+            // A put answered while a snapshot is open.
+            let (reading, go) = hold_snapshot(&db).await;
             let second = Bytes::from_static(b"second");
             let key = Key::of(&second);
             db.put(&key, second.clone()).await.unwrap();
-
             go.send(()).unwrap();
             assert_eq!(reading.await.unwrap().unwrap(), 1, "{durability:?}");
             assert_eq!(
@@ -1389,22 +1421,8 @@ mod tests {
             );
             assert!(db.has(&key).await.unwrap(), "{durability:?}");
 
-            // The same for a delete answered while a snapshot is open.
-            let (taken_tx, taken) = mpsc::channel();
-            let (go, go_rx) = mpsc::channel::<()>();
-            let busy = db.clone();
-            let reading = tokio::spawn(async move {
-                busy.read("hold a snapshot", move |c| {
-                    let n: i64 = c.query_row("SELECT count(*) FROM entries", [], |r| r.get(0))?;
-                    taken_tx.send(()).unwrap();
-                    go_rx.recv().unwrap();
-                    Ok(n)
-                })
-                .await
-            });
-            tokio::task::spawn_blocking(move || taken.recv().unwrap())
-                .await
-                .unwrap();
+            // The same for a delete.
+            let (reading, go) = hold_snapshot(&db).await;
             assert!(db.delete(&key).await.unwrap().is_some());
             go.send(()).unwrap();
             assert_eq!(reading.await.unwrap().unwrap(), 2, "{durability:?}");

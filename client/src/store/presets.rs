@@ -101,9 +101,11 @@ impl DirOptions {
         self
     }
 
-    /// Whether small gets run on the calling async task (default `true`)
-    /// or on a blocking thread; turn off when the index is much larger than
-    /// memory. See [`SqliteOptions::inline_reads`].
+    /// Whether the kv engine's point reads (small gets, `has`, `stat`, small
+    /// ranges) run on the calling async task (default `true`) or on a
+    /// blocking thread; turn off when the index is much larger than memory.
+    /// No effect on a read-only open, which never reads inline. See
+    /// [`SqliteOptions::inline_reads`].
     pub fn inline_reads(mut self, inline: bool) -> Self {
         self.inline_reads = inline;
         self
