@@ -712,6 +712,10 @@ impl SqliteBackend {
         r
     }
 
+    fn durable(&self) -> bool {
+        self.inner.opts.durability == Durability::Durable
+    }
+
     fn reads_inline(&self) -> bool {
         self.inner.opts.inline_reads && self.inner.writer.is_some()
     }
@@ -785,7 +789,9 @@ impl SqliteBackend {
             !std::mem::replace(&mut g.leading, true)
         };
         if lead {
-            let concurrent = self.inner.group().last > 1;
+            // Gathering pays off where a commit waits for an fsync; relaxed
+            // commits take tens of microseconds and lead inline, as before.
+            let concurrent = self.durable() && self.inner.group().last > 1;
             match tokio::runtime::Handle::try_current() {
                 // Lead on a task of its own whenever leading would suspend
                 // this caller's future (`gather` yields; off a multi-thread
@@ -804,7 +810,7 @@ impl SqliteBackend {
                     let _lead = LeadGuard(self);
                     // Our row is queued and no other leader exists, so this
                     // group holds it.
-                    answer_all(self.commit_queued().await);
+                    answer_all(self.commit_queued(false).await);
                 }
             }
         }
@@ -821,7 +827,11 @@ impl SqliteBackend {
 
     /// Commits one group: everything queued now. A failure to reach the
     /// writer (a closed engine) drops the group, which answers its callers.
-    async fn commit_queued(&self) -> Answers {
+    /// Answers the group's callers as soon as it is committed, except with
+    /// `hold_last` when nothing else is queued by then: those answers are
+    /// returned, for a background leader to send once it has let go of the
+    /// engine (see [`answer_all`]).
+    async fn commit_queued(&self, hold_last: bool) -> Answers {
         self.gather().await;
         let group = {
             let mut g = self.inner.group();
@@ -833,9 +843,17 @@ impl SqliteBackend {
         }
         // On an error the closure (and with it the group) was dropped, which
         // answers its callers.
-        self.write("insert an entry", move |w| Ok(commit_group(w, group)))
-            .await
-            .unwrap_or_default()
+        let inner = self.inner.clone();
+        self.write("insert an entry", move |w| {
+            let answers = commit_group(w, group);
+            if hold_last && inner.group().pending.is_empty() {
+                return Ok(answers);
+            }
+            answer_all(answers);
+            Ok(Vec::new())
+        })
+        .await
+        .unwrap_or_default()
     }
 
     /// Before a commit, lets the callers of the last group queue again.
@@ -848,6 +866,9 @@ impl SqliteBackend {
     /// caller (last group of one) never yields: a yield on an otherwise
     /// idle runtime cost ~20 µs here, the whole of a relaxed put.
     async fn gather(&self) {
+        if !self.durable() {
+            return;
+        }
         let mut seen = 0;
         for _ in 0..16 {
             let (queued, last) = {
@@ -899,7 +920,7 @@ impl SqliteBackend {
         };
         handle.spawn(async move {
             loop {
-                let answers = lead.db.commit_queued().await;
+                let answers = lead.db.commit_queued(true).await;
                 let done = {
                     let mut g = lead.db.inner.group();
                     let empty = g.pending.is_empty();
@@ -1178,9 +1199,9 @@ impl Backend for SqliteBackend {
     /// led it leads one, committing every queued row in one transaction
     /// (and, durable, one fsync); each caller returns only after the commit
     /// that holds its row. A lone caller on a multi-thread runtime commits
-    /// its own row at once, in its own call. When the last commit held
-    /// several rows, the leader first lets those callers queue again
-    /// (`gather`) and leads on a task of its own, as it always does on a
+    /// its own row at once, in its own call. Durable: when the last commit
+    /// held several rows, the leader first lets those callers queue again
+    /// (`gather`) and leads on a task of its own, as every leader does on a
     /// current-thread runtime, so that no commit waits for a caller's future
     /// to be polled. (Relaxed commits cost no fsync, but sharing them still
     /// took 16 concurrent 1 KiB puts from 62–65k to 85–99k/s here, for ~3%
