@@ -509,6 +509,56 @@ impl Inner {
         }
     }
 
+    /// A write on the writer connection, run on the calling thread: the
+    /// generation is odd throughout (see "Concurrency"), idle readers'
+    /// snapshots are ended first, and a checkpoint is requested (relaxed)
+    /// or run (the backstop) after, as the WAL grows.
+    fn write_locked<T>(
+        &self,
+        action: &'static str,
+        f: impl FnOnce(&mut Writer) -> rusqlite::Result<T>,
+    ) -> Result<T> {
+        let Some(writer) = self.writer.as_ref() else {
+            return Err(Error::ReadOnly {
+                engine: self.display.clone(),
+                action,
+            });
+        };
+        let mut slot = writer.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(w) = slot.as_mut() else {
+            return Err(Error::engine(
+                &self.display,
+                format!("unable to {action}: the engine was closed"),
+            ));
+        };
+        WAL_PAGES.with(|c| c.set(0));
+        // Odd from here until this function returns: no snapshot taken
+        // meanwhile is kept, and every older one is stale after.
+        let _writing = Writing::start(&self.generation);
+        self.end_idle_snapshots();
+        let r = f(w);
+        let pages = WAL_PAGES.with(|c| c.replace(0));
+        if pages > 0 && pages < w.wal_requested {
+            // The log was reset (a checkpoint completed): count afresh.
+            w.wal_requested = 0;
+        }
+        if pages >= CHECKPOINT_BACKSTOP_PAGES {
+            let _ = w
+                .conn
+                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        } else if pages >= w.wal_requested + CHECKPOINT_PAGES
+            && let Some(c) = self
+                .checkpointer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+        {
+            w.wal_requested = pages;
+            c.wake();
+        }
+        r.map_err(|e| self.fail(action, e))
+    }
+
     /// Ends the read transactions of idle readers (called as a write
     /// starts), so that none holds back its checkpoint or the WAL's restart.
     fn end_idle_snapshots(&self) {
@@ -519,6 +569,30 @@ impl Inner {
             }
         }
         pool.retain(|r| !r.broken);
+    }
+
+    /// Drops every queued row (its caller gets the "closed before its
+    /// commit" error) and releases the lead.
+    fn abandon_queue(&self) {
+        let mut g = self.group();
+        g.pending.clear();
+        g.leading = false;
+    }
+
+    /// Takes everything queued, noting the group's size for `gather`.
+    fn take_queue(&self) -> Vec<PendingPut> {
+        let mut g = self.group();
+        g.last = g.pending.len();
+        std::mem::take(&mut g.pending)
+    }
+
+    /// Releases the lead if nothing is queued; whether it did.
+    fn release_lead_if_idle(&self) -> bool {
+        let mut g = self.group();
+        if g.pending.is_empty() {
+            g.leading = false;
+        }
+        !g.leading
     }
 
     fn group(&self) -> std::sync::MutexGuard<'_, Group> {
@@ -732,43 +806,7 @@ impl SqliteBackend {
             });
         }
         let inner = self.inner.clone();
-        blocking(&self.inner.display, move || {
-            let writer = inner.writer.as_ref().expect("checked above");
-            let mut slot = writer.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(w) = slot.as_mut() else {
-                return Err(Error::engine(
-                    &inner.display,
-                    format!("unable to {action}: the engine was closed"),
-                ));
-            };
-            WAL_PAGES.with(|c| c.set(0));
-            // Odd from here until this closure ends: no snapshot taken
-            // meanwhile is kept, and every older one is stale after.
-            let _writing = Writing::start(&inner.generation);
-            inner.end_idle_snapshots();
-            let r = f(w);
-            let pages = WAL_PAGES.with(|c| c.replace(0));
-            if pages > 0 && pages < w.wal_requested {
-                // The log was reset (a checkpoint completed): count afresh.
-                w.wal_requested = 0;
-            }
-            if pages >= CHECKPOINT_BACKSTOP_PAGES {
-                let _ = w
-                    .conn
-                    .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
-            } else if pages >= w.wal_requested + CHECKPOINT_PAGES
-                && let Some(c) = inner
-                    .checkpointer
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_ref()
-            {
-                w.wal_requested = pages;
-                c.wake();
-            }
-            r.map_err(|e| inner.fail(action, e))
-        })
-        .await
+        blocking(&self.inner.display, move || inner.write_locked(action, f)).await
     }
 
     /// See [`Backend::put`] on this engine: queue the row; if no commit is
@@ -810,7 +848,7 @@ impl SqliteBackend {
                     let _lead = LeadGuard(self);
                     // Our row is queued and no other leader exists, so this
                     // group holds it.
-                    answer_all(self.commit_queued(false).await);
+                    self.commit_queued().await;
                 }
             }
         }
@@ -827,33 +865,21 @@ impl SqliteBackend {
 
     /// Commits one group: everything queued now. A failure to reach the
     /// writer (a closed engine) drops the group, which answers its callers.
-    /// Answers the group's callers as soon as it is committed, except with
-    /// `hold_last` when nothing else is queued by then: those answers are
-    /// returned, for a background leader to send once it has let go of the
-    /// engine (see [`answer_all`]).
-    async fn commit_queued(&self, hold_last: bool) -> Answers {
+    /// Commits everything queued now and answers its callers (the leader's
+    /// caller holds the engine meanwhile). A failure to reach the writer (a
+    /// closed engine) drops the group, which answers its callers.
+    async fn commit_queued(&self) {
         self.gather().await;
-        let group = {
-            let mut g = self.inner.group();
-            g.last = g.pending.len();
-            std::mem::take(&mut g.pending)
-        };
+        let group = self.inner.take_queue();
         if group.is_empty() {
-            return Vec::new();
+            return;
         }
-        // On an error the closure (and with it the group) was dropped, which
-        // answers its callers.
-        let inner = self.inner.clone();
-        self.write("insert an entry", move |w| {
-            let answers = commit_group(w, group);
-            if hold_last && inner.group().pending.is_empty() {
-                return Ok(answers);
-            }
-            answer_all(answers);
-            Ok(Vec::new())
-        })
-        .await
-        .unwrap_or_default()
+        let _ = self
+            .write("insert an entry", move |w| {
+                answer_all(commit_group(w, group));
+                Ok(())
+            })
+            .await;
     }
 
     /// Before a commit, lets the callers of the last group queue again.
@@ -896,47 +922,63 @@ impl SqliteBackend {
         let Ok(handle) = handle else {
             // No runtime to lead on: answer the queued callers with an error
             // rather than leave them waiting.
-            self.abandon_queue();
+            self.inner.abandon_queue();
             return;
         };
         self.lead_in_background(&handle);
     }
 
-    /// Drops every queued row (its caller gets the "closed before its
-    /// commit" error) and releases the lead.
-    fn abandon_queue(&self) {
-        let mut g = self.inner.group();
-        g.pending.clear();
-        g.leading = false;
-    }
-
     /// Leads on a task of its own: commits until the queue is empty. If the
     /// task is dropped unfinished (its runtime shut down), the rows still
     /// queued are answered with an error and the lead is released.
+    ///
+    /// The task holds the engine only while it gathers and commits: a
+    /// commit's callers are answered on the writer's thread after the commit,
+    /// the lead's release when the queue is empty, and the task's last
+    /// strong reference are done, so a caller that drops the last handle as
+    /// soon as its put returns can reopen the database at once (the instance
+    /// lock goes with the engine).
     fn lead_in_background(&self, handle: &tokio::runtime::Handle) {
         let mut lead = BackgroundLead {
-            db: self.clone(),
+            engine: Arc::downgrade(&self.inner),
             finished: false,
         };
         handle.spawn(async move {
             loop {
-                let answers = lead.db.commit_queued(true).await;
-                let done = {
-                    let mut g = lead.db.inner.group();
-                    let empty = g.pending.is_empty();
-                    if empty {
-                        g.leading = false;
-                    }
-                    empty
-                };
-                if done {
-                    // Let go of the engine before the last callers hear back.
+                // Callers still queued hold the engine; gone, its queue
+                // (and their channels) went with it.
+                let Some(inner) = lead.engine.upgrade() else {
                     lead.finish();
-                    drop(lead);
-                    answer_all(answers);
                     return;
+                };
+                let db = SqliteBackend { inner };
+                db.gather().await;
+                let group = db.inner.take_queue();
+                let SqliteBackend { inner } = db;
+                let display = inner.display.clone();
+                let done = blocking(&display, move || {
+                    // On an error the group was dropped unanswered, which
+                    // answers its callers.
+                    let answers = if group.is_empty() {
+                        Vec::new()
+                    } else {
+                        inner
+                            .write_locked("insert an entry", |w| Ok(commit_group(w, group)))
+                            .unwrap_or_default()
+                    };
+                    let done = inner.release_lead_if_idle();
+                    drop(inner);
+                    answer_all(answers);
+                    Ok(done)
+                })
+                .await;
+                match done {
+                    Ok(false) => continue,
+                    Ok(true) => lead.finish(),
+                    // A panic: `lead`'s drop answers what is queued.
+                    Err(_) => {}
                 }
-                answer_all(answers);
+                return;
             }
         });
     }
@@ -992,7 +1034,7 @@ impl Drop for LeadGuard<'_> {
 
 /// A background leader; see [`SqliteBackend::lead_in_background`].
 struct BackgroundLead {
-    db: SqliteBackend,
+    engine: std::sync::Weak<Inner>,
     finished: bool,
 }
 
@@ -1005,8 +1047,10 @@ impl BackgroundLead {
 
 impl Drop for BackgroundLead {
     fn drop(&mut self) {
-        if !self.finished {
-            self.db.abandon_queue();
+        if !self.finished
+            && let Some(inner) = self.engine.upgrade()
+        {
+            inner.abandon_queue();
         }
     }
 }
@@ -1067,10 +1111,7 @@ type Answers = Vec<(
     rusqlite::Result<PutOutcome>,
 )>;
 
-/// Answers a group's callers. Called once the leader holds no clone of the
-/// engine beyond its caller's own (see `lead_in_background`), so that a
-/// caller that drops the last handle as soon as its put returns can reopen
-/// the database at once.
+/// Answers a group's callers (see `lead_in_background` for when).
 fn answer_all(answers: Answers) {
     for (done, r) in answers {
         let _ = done.send(r);
