@@ -36,8 +36,9 @@
 //!
 //! A pooled reader keeps its read transaction open between reads while
 //! nothing is written. A generation counter is bumped as every write starts
-//! (to odd) and again when it has finished everything, answering its callers
-//! and SQLite's inline checkpoint included (to even). A read reuses its
+//! (to odd) and again when it has finished (to even): its commit, SQLite's
+//! inline checkpoint, and any answers sent inside it; callers answered after
+//! it are answered after the bump. A read reuses its
 //! reader's transaction only if it was begun at the current, even
 //! generation; while a write runs, reads take a snapshot each as before.
 //! So a read never sees less than a write answered before it began, and no
@@ -322,8 +323,9 @@ pub(crate) struct Writer {
 
 /// Holds the generation odd while a write runs (see "Concurrency"): from
 /// before its first statement until after everything it does, including
-/// answering group-commit callers and SQLite's inline checkpoint. Even again
-/// when dropped, also on a panic.
+/// SQLite's inline checkpoint and answers sent inside it (a background
+/// leader answers after it, so after the generation is even again). Even
+/// again when dropped, also on a panic.
 struct Writing<'a>(&'a std::sync::atomic::AtomicU64);
 
 impl<'a> Writing<'a> {
@@ -939,9 +941,11 @@ impl SqliteBackend {
     /// soon as its put returns can reopen the database at once (the instance
     /// lock goes with the engine).
     fn lead_in_background(&self, handle: &tokio::runtime::Handle) {
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut lead = BackgroundLead {
             engine: Arc::downgrade(&self.inner),
             finished: false,
+            released: released.clone(),
         };
         handle.spawn(async move {
             loop {
@@ -956,6 +960,7 @@ impl SqliteBackend {
                 let group = db.inner.take_queue();
                 let SqliteBackend { inner } = db;
                 let display = inner.display.clone();
+                let released = released.clone();
                 let done = blocking(&display, move || {
                     // On an error the group was dropped unanswered, which
                     // answers its callers.
@@ -967,6 +972,11 @@ impl SqliteBackend {
                             .unwrap_or_default()
                     };
                     let done = inner.release_lead_if_idle();
+                    if done {
+                        // From here the lead may be another's: a late drop
+                        // of this task must not abandon its queue.
+                        released.store(true, std::sync::atomic::Ordering::Release);
+                    }
                     drop(inner);
                     answer_all(answers);
                     Ok(done)
@@ -1036,6 +1046,8 @@ impl Drop for LeadGuard<'_> {
 struct BackgroundLead {
     engine: std::sync::Weak<Inner>,
     finished: bool,
+    /// Set once the commit call released the lead.
+    released: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl BackgroundLead {
@@ -1048,6 +1060,7 @@ impl BackgroundLead {
 impl Drop for BackgroundLead {
     fn drop(&mut self) {
         if !self.finished
+            && !self.released.load(std::sync::atomic::Ordering::Acquire)
             && let Some(inner) = self.engine.upgrade()
         {
             inner.abandon_queue();
