@@ -801,12 +801,7 @@ impl SqliteBackend {
         F: FnOnce(&mut Writer) -> rusqlite::Result<T> + Send + 'static,
         T: Send + 'static,
     {
-        if self.inner.writer.is_none() {
-            return Err(Error::ReadOnly {
-                engine: self.inner.display.clone(),
-                action,
-            });
-        }
+        // (`write_locked` refuses a read-only engine.)
         let inner = self.inner.clone();
         blocking(&self.inner.display, move || inner.write_locked(action, f)).await
     }
