@@ -42,9 +42,30 @@
 
 -- Internal helpers ----------------------------------------------------------
 
--- The advisory lock class of pool locks: 'alkb'. The object id is the pool id.
-CREATE FUNCTION alkblobs.lock_class() RETURNS integer
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 1634495330';
+-- Takes pool p's lock `kind` ('sweep' or 'lease', see alkblobs.pool_locks)
+-- until the transaction ends: waiting for it (bounded by lock_timeout:
+-- 55P03), or with `try` not at all — false when someone holds it. A row
+-- lock, not an advisory lock: only the extension's functions can take it.
+-- (A pool whose lock row is missing — restored by hand from a dump without
+-- it — gets it on first use.)
+CREATE FUNCTION alkblobs.take_lock(p integer, kind text, try boolean) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    LOOP
+        IF $3 THEN
+            PERFORM 1 FROM alkblobs.pool_locks l WHERE l.pool = $1 AND l.kind = $2 FOR UPDATE SKIP LOCKED;
+        ELSE
+            PERFORM 1 FROM alkblobs.pool_locks l WHERE l.pool = $1 AND l.kind = $2 FOR UPDATE;
+        END IF;
+        IF FOUND THEN
+            RETURN true;
+        ELSIF EXISTS (SELECT 1 FROM alkblobs.pool_locks l WHERE l.pool = $1 AND l.kind = $2) THEN
+            RETURN false;
+        END IF;
+        INSERT INTO alkblobs.pool_locks (pool, kind) VALUES ($1, $2) ON CONFLICT DO NOTHING;
+    END LOOP;
+END $$;
 
 -- The calling role: the session's login role. (plpgsql, like every helper
 -- on a hot path: a SQL-language function that cannot be inlined — it has a
@@ -611,6 +632,8 @@ BEGIN
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'));
     INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
+    INSERT INTO alkblobs.pool_locks (pool, kind)
+    SELECT p.id, k.kind FROM alkblobs.pools p, (VALUES ('sweep'), ('lease')) k (kind) WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));
 EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'alkblobs pool "%" already exists', $1
@@ -1595,7 +1618,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool(p_name, 'admin');
 BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock(alkblobs.lock_class(), pl.id);
+    PERFORM alkblobs.take_lock(pl.id, 'sweep', false);
 END $$;
 
 -- Registration, the part that needs the extension's tables (see
@@ -1618,7 +1641,7 @@ BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_register_liveness');
     -- Registration waits out a running sweep: the next sweep sees the table
     -- from its first statement on.
-    PERFORM pg_catalog.pg_advisory_xact_lock(alkblobs.lock_class(), pl.id);
+    PERFORM alkblobs.take_lock(pl.id, 'sweep', false);
     -- Lock (table and partitions), then validate: the rows are read below.
     SELECT * INTO ls FROM alkblobs.lock_source($2);
     IF ls.busy THEN
@@ -1725,7 +1748,7 @@ BEGIN
     IF NOT pg_catalog.pg_has_role(session_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = $2), 'USAGE') THEN
         RAISE EXCEPTION 'must own table % to unregister it', $2 USING ERRCODE = 'insufficient_privilege';
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock(alkblobs.lock_class(), pl.id);
+    PERFORM alkblobs.take_lock(pl.id, 'sweep', false);
     DELETE FROM alkblobs.liveness l WHERE l.pool = pl.id AND l.relid = $2;
     found_it := FOUND;
     elsewhere := EXISTS (SELECT 1 FROM alkblobs.liveness l WHERE l.relid = $2);
@@ -1862,7 +1885,7 @@ BEGIN
     IF cardinality($2) > 100000 THEN
         RAISE EXCEPTION 'at most 100000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock(alkblobs.lock_class(), pl.id);
+    PERFORM alkblobs.take_lock(pl.id, 'sweep', false);
     SELECT * INTO cs FROM alkblobs.check_sources(pl.id);
     IF cs.problem IS NOT NULL THEN
         RAISE EXCEPTION 'liveness table %; nothing staged', cs.problem
@@ -1940,7 +1963,7 @@ BEGIN
     IF $2 < 0 OR $2 > 10000 THEN
         RAISE EXCEPTION 'max_keys must be between 0 and 10000, got %', $2 USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(alkblobs.lock_class(), pl.id) THEN
+    IF NOT alkblobs.take_lock(pl.id, 'sweep', true) THEN
         RAISE NOTICE 'another sweeper holds pool "%"; nothing claimed', pl.name;
         RETURN;
     END IF;
@@ -2042,8 +2065,8 @@ END $$;
 
 -- The sweep ----------------------------------------------------------------------
 
--- One call is one transaction under the pool's transaction-level advisory
--- lock: the lock cannot outlive the call or be lost inside it, whatever a
+-- One call is one transaction under the pool's sweeper lock (a row lock,
+-- alkblobs.take_lock): the lock cannot outlive the call or be lost inside it, whatever a
 -- connection pooler does. Steps: validate every registered liveness table
 -- (one that fails aborts the call, cause 'liveness_table_invalid'); reap
 -- expired pins and abandoned uploads; mark one slice of at most `max_keys`
@@ -2122,7 +2145,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(alkblobs.lock_class(), pl.id) THEN
+    IF NOT alkblobs.take_lock(pl.id, 'sweep', true) THEN
         aborted := 'sweeper_lock';
         duration := clock_timestamp() - t0;
         RETURN NEXT;
@@ -2398,13 +2421,31 @@ BEGIN
                         r.aborted, r.duration;
 END $$;
 
+-- A fleet client's sweep lease on a pool, held until the caller's
+-- transaction ends: true if the caller now holds it, false (at once) if
+-- another transaction does. A client holds it, on a connection of its
+-- own, across the alkblobs_sweep calls of one sweep, so that of two
+-- instances sweeping at once one does the work and the other reports the
+-- sweeper lock. Distinct from the sweeper lock each alkblobs_sweep call
+-- takes (psql users and the scheduler are not kept out by a lease). Needs
+-- 'sweep' access: unlike the advisory lock it replaces (0.6.0), a role
+-- without it cannot hold the lease to stop a fleet's sweeps.
+CREATE FUNCTION @extschema@.alkblobs_sweep_lease(pool text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+BEGIN
+    RETURN alkblobs.take_lock(pl.id, 'lease', true);
+END $$;
+
 -- Scheduling (the extension's background worker, pg_ext/src/scheduler.rs) -----
 
 -- The fleet pools of this database whose schedule is due: sweep_every has
 -- passed since the scheduler last started a run of them; the longest
 -- waiting first.
--- (Nothing when the tables stay locked, e.g. by an upgrade, for the
--- worker's lock_timeout: the next look retries.)
+-- (Nothing, with a WARNING, when the tables stay locked, e.g. by an
+-- upgrade, for the worker's lock_timeout: the next look retries.)
 CREATE FUNCTION alkblobs.scheduler_due() RETURNS SETOF integer
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -2415,6 +2456,8 @@ BEGIN
        AND coalesce(s.last_scheduled, '-infinity'::timestamptz) + p.sweep_every <= clock_timestamp()
      ORDER BY s.last_scheduled NULLS FIRST, p.id;
 EXCEPTION WHEN lock_not_available THEN
+    RAISE WARNING 'alkblobs scheduler: no pool scheduled this time: %', SQLERRM
+        USING HINT = 'The pools table stayed locked (an upgrade, a VACUUM FULL?) for lock_timeout; the next look retries.';
     RETURN;
 END $$;
 

@@ -257,6 +257,21 @@ CREATE TABLE alkblobs.schedule (
     pool           integer PRIMARY KEY,
     last_scheduled timestamptz NOT NULL
 );
+-- Each pool's two locks (0.7.0), as rows only the extension can lock
+-- (SELECT … FOR UPDATE needs UPDATE on the table, which only
+-- alkblobs_owner has): 'sweep' is the sweeper lock that every sweep call,
+-- claim, staging and registration of the pool takes; 'lease' is a fleet
+-- client's sweep lease (alkblobs_sweep_lease). Until 0.6.0 these were
+-- advisory locks, which any role that can connect can take: holding one
+-- made every sweep of the pool abort and every staging call wait. The rows
+-- are never updated, only locked, so locking one never raises a
+-- serialization failure at REPEATABLE READ or SERIALIZABLE. See
+-- alkblobs.take_lock.
+CREATE TABLE alkblobs.pool_locks (
+    pool integer NOT NULL,
+    kind text NOT NULL CONSTRAINT lock_kind_known CHECK (kind IN ('sweep', 'lease')),
+    PRIMARY KEY (pool, kind)
+);
 
 REVOKE ALL ON ALL TABLES IN SCHEMA alkblobs FROM PUBLIC;
 
@@ -280,4 +295,5 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweep_state', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.schedule', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
 

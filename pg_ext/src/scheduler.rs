@@ -17,8 +17,11 @@
 //! same pool first in line again after the restart. The worker connects as
 //! the bootstrap superuser but calls the extension only after checking that
 //! the functions it names belong to the installed extension, and only as
-//! `alkblobs_owner` (a local user-id change that cannot be `RESET`); its
-//! session pins READ COMMITTED,
+//! `alkblobs_owner` (a local user-id change that cannot be `RESET`, in a
+//! security-restricted operation whose settings do not outlive the call
+//! and which cannot queue deferred triggers: see `as_extension`); its
+//! session pins READ
+//! COMMITTED,
 //! read-write, `search_path = pg_catalog` and `lock_timeout = 5s` over
 //! whatever the database's or role's defaults say.
 //!
@@ -135,23 +138,42 @@ fn report(what: Option<&str>) {
 /// `alkblobs` it checks that the functions it calls are members of the
 /// installed extension (without this, a role allowed to create a schema in
 /// a served database without the extension could plant an `alkblobs`
-/// schema and have its functions run here). Pure catalog reads with
-/// `search_path = pg_catalog`.
-const READY: &str = "SELECT count(*) = 3 FROM pg_catalog.pg_depend d \
-      JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs' \
-     WHERE d.deptype = 'e' AND d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass \
-       AND d.objid IN (pg_catalog.to_regprocedure('alkblobs.scheduled_sweep(integer,boolean)')::pg_catalog.oid, \
-                       pg_catalog.to_regprocedure('alkblobs.scheduler_due()')::pg_catalog.oid, \
-                       pg_catalog.to_regprocedure('alkblobs.scheduler_claim(integer)')::pg_catalog.oid)";
+/// schema and have its functions run here). Pure catalog reads, every
+/// function and operator schema-qualified: no search_path can redirect
+/// them.
+const READY: &str = "SELECT pg_catalog.count(*) OPERATOR(pg_catalog.=) 3 FROM pg_catalog.pg_depend d \
+      JOIN pg_catalog.pg_extension x ON x.oid OPERATOR(pg_catalog.=) d.refobjid \
+                                     AND x.extname OPERATOR(pg_catalog.=) 'alkblobs' \
+     WHERE d.deptype OPERATOR(pg_catalog.=) 'e' \
+       AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass \
+       AND d.objid OPERATOR(pg_catalog.=) ANY (ARRAY[ \
+           pg_catalog.to_regprocedure('alkblobs.scheduled_sweep(integer,boolean)')::pg_catalog.oid, \
+           pg_catalog.to_regprocedure('alkblobs.scheduler_due()')::pg_catalog.oid, \
+           pg_catalog.to_regprocedure('alkblobs.scheduler_claim(integer)')::pg_catalog.oid])";
+
+/// The role the extension's functions run as.
+const OWNER: &str = "SELECT r.oid FROM pg_catalog.pg_roles r \
+     WHERE r.rolname OPERATOR(pg_catalog.=) 'alkblobs_owner'";
 
 /// In a transaction: checks `READY`, then (if ready) runs `f` as
 /// `alkblobs_owner` — the role the extension's own functions run as, so
 /// nothing the worker calls ever runs with its superuser privileges,
 /// whoever could redefine it. The switch is the one autovacuum and REFRESH
 /// MATERIALIZED VIEW make (`SetUserIdAndSecContext` with
-/// `SECURITY_LOCAL_USERID_CHANGE`), not `SET ROLE`: code it runs cannot
-/// `RESET ROLE` back to the superuser. `None` when the extension is not
-/// there.
+/// `SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION`), not
+/// `SET ROLE`: code it runs cannot `RESET ROLE` back to the superuser, nor
+/// create temporary objects that outlive the call. Nothing it does reaches
+/// past the switch back:
+/// - settings it changes, even with a plain session-level `SET`, are
+///   rolled back before the switch (a GUC nest level, as REFRESH
+///   MATERIALIZED VIEW does), so a `search_path` or `lock_timeout` it set
+///   never governs the worker's own statements or its next call;
+/// - it cannot queue a deferred trigger, which would fire at commit, as
+///   the worker's superuser: PostgreSQL refuses one inside a
+///   security-restricted operation (42501 at the end of the statement that
+///   queued it; the transaction aborts and the worker restarts).
+///
+/// `None` when the extension is not there.
 fn as_extension<R, F>(f: F) -> Option<R>
 where
     F: FnOnce() -> R + std::panic::UnwindSafe + std::panic::RefUnwindSafe,
@@ -161,25 +183,27 @@ where
         if !ready {
             return None;
         }
-        let owner = Spi::get_one::<pg_sys::Oid>(
-            "SELECT oid FROM pg_catalog.pg_roles WHERE rolname = 'alkblobs_owner'",
-        )
-        .ok()
-        .flatten()?;
+        let owner = Spi::get_one::<pg_sys::Oid>(OWNER).ok().flatten()?;
         let (mut saved_user, mut saved_ctx) = (pg_sys::InvalidOid, 0);
         // SAFETY: the standard save/switch/restore of the current user
-        // inside a transaction; an error in `f` aborts the transaction,
-        // which restores the user on its own.
-        unsafe {
+        // and of the settings inside a transaction; an error in `f` aborts
+        // the transaction, which restores both on its own.
+        let nest = unsafe {
             pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_ctx);
             pg_sys::SetUserIdAndSecContext(
                 owner,
-                saved_ctx | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+                saved_ctx
+                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
+                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
             );
-        }
+            pg_sys::NewGUCNestLevel()
+        };
         let r = f();
         // SAFETY: as above.
-        unsafe { pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx) };
+        unsafe {
+            pg_sys::AtEOXact_GUC(false, nest);
+            pg_sys::SetUserIdAndSecContext(saved_user, saved_ctx);
+        }
         Some(r)
     })
 }

@@ -526,7 +526,7 @@ async fn registering_during_a_sweep_does_not_deadlock() {
     let sweeper = connect().await;
     sweeper
         .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(alkblobs.lock_class(), {id})"
+            "BEGIN; SELECT alkblobs.take_lock({id}, 'sweep', false)"
         ))
         .await
         .unwrap();

@@ -1198,6 +1198,135 @@ async fn a_reference_to_absent_content_fails_with_ab002_unless_forward_reference
         .unwrap();
 }
 
+// 12. Pool locks only the extension can take ----------------------------------------
+
+/// A pool's id (the object id its locks were keyed by up to 0.6.0).
+async fn pool_id(c: &Client, pool: &str) -> i32 {
+    c.query_one("SELECT id FROM alkblobs.pools WHERE name = $1", &[&pool])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Up to 0.6.0 a pool's sweeper lock and a client's sweep lease were
+/// advisory locks ('alkb' and 'alkS', pool id), which any role that can
+/// connect can take: holding them made every sweep of the pool abort with
+/// `sweeper_lock`, registration and staging wait, and every fleet
+/// client's sweep report the sweeper lock. Now they are row locks only the
+/// extension's functions take, still exclusive among those who may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_role_without_access_cannot_hold_a_pools_locks() {
+    let c = connect().await;
+    let pool = pool(&c, "locks", "0 seconds", "60 seconds").await;
+    let id = pool_id(&c, &pool).await;
+    let dead = garbage(&c, &pool, b"swept despite the squatter").await;
+    // A role with no access to the pool squats on both advisory locks.
+    let squatter = login_role(&c, "squat", "alkblobs_reader").await;
+    let sq = connect_as(&squatter).await;
+    sq.batch_execute(&format!(
+        "BEGIN; SELECT pg_advisory_xact_lock(1634495330, {id}), pg_advisory_xact_lock({}, {id})",
+        0x616c_6b53
+    ))
+    .await
+    .unwrap();
+    // Sweeps are not aborted, registration does not wait, and the lease is
+    // free.
+    assert_eq!(try_sweep(&c, &pool).await, Ok((1, None)));
+    assert!(!exists(&c, &pool, &dead).await);
+    let table = table_name(&pool, "live");
+    c.batch_execute(&format!(
+        "CREATE TABLE {table} (key bytea PRIMARY KEY); SET lock_timeout = '3s'"
+    ))
+    .await
+    .unwrap();
+    let reg = c
+        .execute(
+            "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+            &[&pool, &table],
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| sqlstate(&e));
+    c.batch_execute("RESET lock_timeout").await.unwrap();
+    assert_eq!(reg, Ok(()), "registration waited for the squatter");
+    let leased: bool = c
+        .query_one("SELECT alkblobs_sweep_lease($1)", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(leased, "the squatter holds the sweep lease");
+    sq.batch_execute("ROLLBACK").await.unwrap();
+    // The squatter cannot take the new locks either.
+    for sql in [
+        format!("SELECT 1 FROM alkblobs.pool_locks WHERE pool = {id} FOR UPDATE"),
+        format!("SELECT alkblobs_sweep_lease('{pool}')"),
+        format!("SELECT alkblobs.take_lock({id}, 'sweep', true)"),
+    ] {
+        let e = sq.batch_execute(&sql).await.unwrap_err();
+        assert_eq!(sqlstate(&e), "42501", "{sql}: {e}");
+    }
+    // Among those who may, the locks still exclude: a sweep in progress
+    // makes a second one abort, a held lease makes a second one fail.
+    let sweeper = login_role(&c, "sweeplock", "alkblobs_sweeper").await;
+    grant_pool(&c, &pool, &sweeper, "sweep").await;
+    let sw = connect_as(&sweeper).await;
+    sw.batch_execute(&format!(
+        "BEGIN; SELECT * FROM alkblobs_sweep('{pool}'); SELECT alkblobs_sweep_lease('{pool}')"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        try_sweep(&c, &pool).await,
+        Ok((0, Some("sweeper_lock".into())))
+    );
+    c.batch_execute("BEGIN").await.unwrap();
+    let second: bool = c
+        .query_one("SELECT alkblobs_sweep_lease($1)", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    c.batch_execute("COMMIT").await.unwrap();
+    assert!(!second, "two leases at once");
+    sw.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(try_sweep(&c, &pool).await, Ok((0, None)));
+}
+
+/// The lock rows are only ever locked, never updated: unregistering (the
+/// one call that takes the sweeper lock and runs at every isolation level;
+/// registration, staging, claims and sweeps need READ COMMITTED) in a
+/// transaction whose snapshot predates a committed sweep, which locked the
+/// same row, is not a serialization failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unregistration_after_a_sweep_at_every_isolation_level() {
+    let c = connect().await;
+    let other = connect().await;
+    let pool = pool(&c, "locks-iso", "0 seconds", "60 seconds").await;
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let table = table_name(&pool, &level.replace(' ', "_").to_lowercase());
+        c.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+            .await
+            .unwrap();
+        register(&c, &pool, &table).await;
+        // The snapshot is taken by the first statement.
+        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}; SELECT 1"))
+            .await
+            .unwrap();
+        assert_eq!(try_sweep(&other, &pool).await, Ok((0, None)));
+        let unreg = c
+            .query_one(
+                "SELECT alkblobs_unregister_liveness($1, $2::text::regclass)",
+                &[&pool, &table],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .map_err(|e| sqlstate(&e));
+        c.batch_execute(if unreg.is_ok() { "COMMIT" } else { "ROLLBACK" })
+            .await
+            .unwrap();
+        assert_eq!(unreg, Ok(true), "unregistration at {level}");
+    }
+}
+
 // The randomized multi-process race -------------------------------------------------
 
 /// Environment variable that turns [`race_worker_process_entry_point`] into

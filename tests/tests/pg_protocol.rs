@@ -228,7 +228,7 @@ async fn renewing_ten_thousand_pins_is_one_statement() {
     );
 }
 
-/// The upgrade path 0.1.0 -> 0.2.0 -> … -> 0.6.0 exists and applies, carrying
+/// The upgrade path 0.1.0 -> 0.2.0 -> … -> 0.7.0 exists and applies, carrying
 /// data and registrations and the install's privilege policy; DROP and
 /// CREATE are clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,7 +292,7 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(v, "0.6.0", "UPDATE goes to the default version");
+    assert_eq!(v, "0.7.0", "UPDATE goes to the default version");
     // The upgraded tables have the fresh install's columns (the test
     // database's extension was created at the current version).
     let columns = "SELECT string_agg(col, ', ' ORDER BY col) FROM ( \
@@ -301,7 +301,8 @@ async fn the_extension_upgrades_and_drops_cleanly() {
                           || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '') AS col \
                      FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
                     WHERE a.attrelid IN ('alkblobs.pools'::regclass, 'alkblobs.sweeps'::regclass, \
-                                         'alkblobs.sweep_state'::regclass, 'alkblobs.schedule'::regclass) \
+                                         'alkblobs.sweep_state'::regclass, 'alkblobs.schedule'::regclass, \
+                                         'alkblobs.pool_locks'::regclass) \
                       AND a.attnum > 0 AND NOT a.attisdropped) s";
     let upgraded: String = c.query_one(columns, &[]).await.unwrap().get(0);
     let fresh: String = admin.query_one(columns, &[]).await.unwrap().get(0);
@@ -388,6 +389,26 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .unwrap()
         .get(0);
     assert_eq!(status, "ok");
+    // 0.7.0: the pool's locks are rows (the upgrade made them), and a
+    // client's sweep lease is the extension's.
+    let kinds: Vec<String> = c
+        .query(
+            "SELECT l.kind FROM alkblobs.pool_locks l JOIN alkblobs.pools p ON p.id = l.pool \
+              WHERE p.name = 'u' ORDER BY l.kind",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(kinds, ["lease", "sweep"]);
+    let leased: bool = c
+        .query_one("SELECT alkblobs_sweep_lease('u')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(leased);
     let e = c
         .batch_execute("INSERT INTO u_refs VALUES (alkblobs_key('never put'))")
         .await

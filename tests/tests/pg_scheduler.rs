@@ -17,9 +17,6 @@ use tokio_postgres::Client;
 
 static SCHEDULER: RwLock<()> = RwLock::const_new(());
 
-/// The advisory lock class of a pool's sweeper lock (`alkblobs.lock_class()`).
-const SWEEP_LOCK_CLASS: i32 = 1_634_495_330;
-
 /// The scheduler's backend pid in this database, waiting up to 60 s for it
 /// (on a fresh cluster it starts before the test database exists and
 /// retries after its restart interval).
@@ -241,12 +238,9 @@ async fn a_node_holding_the_sweeper_lock_makes_the_scheduler_skip_never_wait() {
     // A node in the middle of its sweep holds the pool's sweeper lock.
     let mut node = connect().await;
     let tx = node.transaction().await.unwrap();
-    tx.execute(
-        "SELECT pg_advisory_xact_lock($1, $2)",
-        &[&SWEEP_LOCK_CLASS, &id],
-    )
-    .await
-    .unwrap();
+    tx.execute("SELECT alkblobs.take_lock($1, 'sweep', false)", &[&id])
+        .await
+        .unwrap();
     schedule(&c, &pool, "1 second").await;
     // Skips are recorded while the lock is held: the worker never waits
     // for it (a waiting worker would record nothing until it is released).
@@ -1206,6 +1200,107 @@ async fn code_the_worker_runs_cannot_become_the_superuser() {
         assert_eq!(who, "alkblobs_owner", "the worker's code ran as {who}");
         assert!(!err.is_empty(), "RESET ROLE was allowed");
     }
+}
+
+/// What code the worker runs as alkblobs_owner leaves in the worker's
+/// session dies with its call: a session-level setting it makes (here
+/// application_name, which the sweep history records; search_path or
+/// lock_timeout would be the harmful ones) is rolled back before the
+/// worker's next transaction; and it cannot queue a deferred trigger, which
+/// would fire at commit as the worker's superuser (PostgreSQL refuses it
+/// in a security-restricted operation: the worker's transaction aborts and
+/// the worker restarts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_workers_code_leaves_behind_dies_with_its_call() {
+    let _s = SCHEDULER.write().await;
+    let c = connect().await;
+    let pid = scheduler_pid(&c).await;
+    let p = pool(&c, "schedleft", "0 seconds", "60 seconds").await;
+    c.batch_execute(
+        "SET ROLE alkblobs_owner;
+         CREATE TABLE alkblobs.review_left (who text);
+         CREATE FUNCTION alkblobs.review_plant() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             PERFORM pg_catalog.set_config('application_name', 'planted', false);
+             PERFORM pg_catalog.set_config('search_path', 'public, pg_catalog', false);
+             RETURN NEW;
+         END $$;
+         CREATE FUNCTION alkblobs.review_deferred() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO alkblobs.review_left VALUES (current_user);
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER review_plant AFTER INSERT OR UPDATE ON alkblobs.schedule
+             FOR EACH ROW EXECUTE FUNCTION alkblobs.review_plant();
+         RESET ROLE;",
+    )
+    .await
+    .unwrap();
+    schedule(&c, &p, "1 second").await;
+    let mut apps = Vec::<String>::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && apps.len() < 2 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        apps = c
+            .query(
+                "SELECT coalesce(application_name, '') FROM alkblobs_sweeps \
+                  WHERE pool = $1 AND scheduled",
+                &[&p],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+    }
+    // Then a deferred trigger: it must never fire as the superuser.
+    c.batch_execute(
+        "SET ROLE alkblobs_owner;
+         CREATE CONSTRAINT TRIGGER review_deferred AFTER INSERT OR UPDATE ON alkblobs.schedule
+             DEFERRABLE INITIALLY DEFERRED
+             FOR EACH ROW EXECUTE FUNCTION alkblobs.review_deferred();
+         RESET ROLE;",
+    )
+    .await
+    .unwrap();
+    let mut who = Vec::<String>::new();
+    let mut restarted = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && who.is_empty() && !restarted {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        who = c
+            .query("SELECT who FROM alkblobs.review_left", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        restarted = scheduler_pid_now(&c, "alkblobs_test").await != Some(pid);
+    }
+    c.batch_execute(
+        "DROP TRIGGER review_plant ON alkblobs.schedule;
+         DROP TRIGGER review_deferred ON alkblobs.schedule;
+         DROP FUNCTION alkblobs.review_plant();
+         DROP FUNCTION alkblobs.review_deferred();
+         DROP TABLE alkblobs.review_left;",
+    )
+    .await
+    .unwrap();
+    schedule(&c, &p, "0").await;
+    assert!(
+        apps.len() >= 2,
+        "the scheduler did not sweep twice: {apps:?}"
+    );
+    for a in &apps {
+        assert_eq!(a, "alkblobs scheduler", "a setting outlived its call");
+    }
+    assert!(
+        who.is_empty(),
+        "a deferred trigger queued by the worker's code fired as {who:?}"
+    );
+    assert!(restarted, "the scheduler never claimed the pool again");
+    // The worker is back (the next test needs it).
+    scheduler_pid(&c).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

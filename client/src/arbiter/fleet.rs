@@ -22,9 +22,10 @@
 //!   asks the database (`alkblobs_pins_held`) and fails with
 //!   [`Error::PinExpired`] for a lapsed one.
 //! - **Sweeps** are `alkblobs_sweep` calls (each one transaction under the
-//!   pool's advisory lock) until the mark is done and nothing due is left,
+//!   pool's sweeper lock) until the mark is done and nothing due is left,
 //!   while this instance holds the pool's sweep lease: a transaction on its
-//!   own connection holding a second advisory lock, so that of two
+//!   own connection holding `alkblobs_sweep_lease` (a row lock only the
+//!   extension can take, distinct from each call's), so that of two
 //!   instances sweeping at once exactly one does the work and the other
 //!   reports [`GcAbortCause::SweeperLock`]. A `local` tier's files are
 //!   enumerated, staged through the extension and deleted only under its
@@ -67,9 +68,6 @@ const RELEASE_RETRY: Duration = Duration::from_secs(1);
 /// How long a put waits, in doubling steps, for a sweep to finish deleting
 /// the file of the same key before it gives up with the retryable error.
 const TOMBSTONE_WAIT: Duration = Duration::from_secs(2);
-/// The advisory lock class of the sweep lease ('alkS'); the object id is
-/// the pool's id. Distinct from the class each `alkblobs_sweep` call takes.
-const LEASE_CLASS: i32 = 0x616c_6b53;
 
 /// A fresh store-instance id: host, process and a random suffix, so two
 /// instances in one process are two owners.
@@ -108,7 +106,6 @@ struct Shared {
     control: PgPool,
     owner: String,
     info: PoolInfo,
-    pool_id: i32,
     pins: Mutex<PinState>,
     wake_releaser: Notify,
 }
@@ -354,19 +351,18 @@ impl FleetArbiter {
                 &[(&info.name, Type::TEXT)],
             )
             .await?;
-        let pool_id: i32 = id_rows
-            .first()
-            .map(|r| r.get(0))
-            .ok_or_else(|| Error::NoPool {
+        // (The view shows the pool only to a role with access to it.)
+        if id_rows.is_empty() {
+            return Err(Error::NoPool {
                 pool: info.name.clone(),
                 at: pg.to_string(),
-            })?;
+            });
+        }
         let shared = Arc::new(Shared {
             pg,
             control,
             owner,
             info,
-            pool_id,
             pins: Mutex::new(PinState::default()),
             wake_releaser: Notify::new(),
         });
@@ -810,17 +806,17 @@ impl Arbiter for FleetArbiter {
             )));
         }
         let started = Instant::now();
-        // The lease: a transaction holding the pool's sweep-lease lock for
-        // the whole sweep (a transaction-level lock, so a transaction-mode
-        // pooler keeps it on one server connection).
+        // The lease: a transaction holding the pool's sweep lease for the
+        // whole sweep (a row lock, held until the transaction ends, so a
+        // transaction-mode pooler keeps it on one server connection).
         let lease = s.pg.conn().await?;
         let lease = InTx::begin(lease, "BEGIN ISOLATION LEVEL READ COMMITTED")
             .await
             .map_err(|e| db_err(&s.pg, None, e))?;
         let got: bool = lease
             .query_typed_one(
-                "SELECT pg_try_advisory_xact_lock($1, $2)",
-                &[(&LEASE_CLASS, Type::INT4), (&s.pool_id, Type::INT4)],
+                "SELECT alkblobs_sweep_lease($1)",
+                &[(&s.info.name, Type::TEXT)],
             )
             .await
             .map_err(|e| db_err(&s.pg, None, e))?
