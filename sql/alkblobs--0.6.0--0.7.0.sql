@@ -10,11 +10,11 @@
 --   alkblobs.pool_locks instead of the advisory lock ('alkb', pool id),
 --   which any role that could connect could hold to make every sweep of
 --   the pool abort and every staging call wait;
--- * alkblobs_sweep_lease(pool): a fleet client's sweep lease, for callers
---   with 'sweep' access, replacing the client-side advisory lock
---   ('alkS', pool id) that had the same weakness (the 0.7.0 client calls
---   it; older clients keep their advisory lease, which still excludes
---   their own kind);
+-- * alkblobs_sweep_lease(pool, holder, ttl) / alkblobs_sweep_lease_end:
+--   a fleet client's sweep lease, an expiring row for callers with
+--   'sweep' access, replacing the client-side advisory lock ('alkS', pool
+--   id) that had the same weakness (the 0.7.0 client uses it; a 0.6.0
+--   client refuses a 0.7.0 database at open);
 -- * alkblobs.scheduler_due logs a WARNING when it gives up on a locked
 --   table, as the scheduler's other functions do.
 
@@ -23,14 +23,19 @@ DROP FUNCTION alkblobs.lock_class();
 
 -- Schema delta.
 CREATE TABLE alkblobs.pool_locks (
-    pool integer NOT NULL,
-    kind text NOT NULL CONSTRAINT lock_kind_known CHECK (kind IN ('sweep', 'lease')),
-    PRIMARY KEY (pool, kind)
+    pool integer PRIMARY KEY
 );
-INSERT INTO alkblobs.pool_locks (pool, kind)
-SELECT p.id, k.kind FROM alkblobs.pools p, (VALUES ('sweep'), ('lease')) k (kind);
-REVOKE ALL ON alkblobs.pool_locks FROM PUBLIC;
+INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p;
+CREATE TABLE alkblobs.leases (
+    pool       integer PRIMARY KEY,
+    role       oid NOT NULL,
+    holder     text NOT NULL CONSTRAINT holder_format CHECK (length(holder) BETWEEN 1 AND 200),
+    pid        integer NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+REVOKE ALL ON alkblobs.pool_locks, alkblobs.leases FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.leases', '');
 
 -- The 0.7.0 functions (sql/api.sql) ----------------------------------------
 
@@ -78,28 +83,29 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
 
 -- Internal helpers ----------------------------------------------------------
 
--- Takes pool p's lock `kind` ('sweep' or 'lease', see alkblobs.pool_locks)
--- until the transaction ends: waiting for it (bounded by lock_timeout:
--- 55P03), or with `try` not at all — false when someone holds it. A row
--- lock, not an advisory lock: only the extension's functions can take it.
--- (A pool whose lock row is missing — restored by hand from a dump without
--- it — gets it on first use.)
-CREATE OR REPLACE FUNCTION alkblobs.take_lock(p integer, kind text, try boolean) RETURNS boolean
+-- Takes pool p's sweeper lock (see alkblobs.pool_locks) until the
+-- transaction ends: waiting for it (bounded by lock_timeout: 55P03), or
+-- with `try` not waiting for its holder — false when someone holds it. A
+-- row lock, not an advisory lock: only the extension's functions can take
+-- it. (A pool whose lock row is missing — restored by hand without it —
+-- gets it on first use; that first use may wait for a concurrent first
+-- use, or at REPEATABLE READ fail with 40001 against it.)
+CREATE OR REPLACE FUNCTION alkblobs.take_lock(p integer, try boolean) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     LOOP
-        IF $3 THEN
-            PERFORM 1 FROM alkblobs.pool_locks l WHERE l.pool = $1 AND l.kind = $2 FOR UPDATE SKIP LOCKED;
+        IF $2 THEN
+            PERFORM 1 FROM alkblobs.pool_locks l WHERE l.pool = $1 FOR UPDATE SKIP LOCKED;
         ELSE
-            PERFORM 1 FROM alkblobs.pool_locks l WHERE l.pool = $1 AND l.kind = $2 FOR UPDATE;
+            PERFORM 1 FROM alkblobs.pool_locks l WHERE l.pool = $1 FOR UPDATE;
         END IF;
         IF FOUND THEN
             RETURN true;
-        ELSIF EXISTS (SELECT 1 FROM alkblobs.pool_locks l WHERE l.pool = $1 AND l.kind = $2) THEN
+        ELSIF EXISTS (SELECT 1 FROM alkblobs.pool_locks l WHERE l.pool = $1) THEN
             RETURN false;
         END IF;
-        INSERT INTO alkblobs.pool_locks (pool, kind) VALUES ($1, $2) ON CONFLICT DO NOTHING;
+        INSERT INTO alkblobs.pool_locks (pool) VALUES ($1) ON CONFLICT DO NOTHING;
     END LOOP;
 END $$;
 
@@ -668,8 +674,7 @@ BEGIN
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'));
     INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
-    INSERT INTO alkblobs.pool_locks (pool, kind)
-    SELECT p.id, k.kind FROM alkblobs.pools p, (VALUES ('sweep'), ('lease')) k (kind) WHERE p.name = $1;
+    INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));
 EXCEPTION WHEN unique_violation THEN
     RAISE EXCEPTION 'alkblobs pool "%" already exists', $1
@@ -1654,7 +1659,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool(p_name, 'admin');
 BEGIN
-    PERFORM alkblobs.take_lock(pl.id, 'sweep', false);
+    PERFORM alkblobs.take_lock(pl.id, false);
 END $$;
 
 -- Registration, the part that needs the extension's tables (see
@@ -1677,7 +1682,7 @@ BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_register_liveness');
     -- Registration waits out a running sweep: the next sweep sees the table
     -- from its first statement on.
-    PERFORM alkblobs.take_lock(pl.id, 'sweep', false);
+    PERFORM alkblobs.take_lock(pl.id, false);
     -- Lock (table and partitions), then validate: the rows are read below.
     SELECT * INTO ls FROM alkblobs.lock_source($2);
     IF ls.busy THEN
@@ -1785,7 +1790,7 @@ BEGIN
     IF NOT pg_catalog.pg_has_role(session_user, (SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.oid = $2), 'USAGE') THEN
         RAISE EXCEPTION 'must own table % to unregister it', $2 USING ERRCODE = 'insufficient_privilege';
     END IF;
-    PERFORM alkblobs.take_lock(pl.id, 'sweep', false);
+    PERFORM alkblobs.take_lock(pl.id, false);
     DELETE FROM alkblobs.liveness l WHERE l.pool = pl.id AND l.relid = $2;
     found_it := FOUND;
     elsewhere := EXISTS (SELECT 1 FROM alkblobs.liveness l WHERE l.relid = $2);
@@ -1923,7 +1928,7 @@ BEGIN
     IF cardinality($2) > 100000 THEN
         RAISE EXCEPTION 'at most 100000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM alkblobs.take_lock(pl.id, 'sweep', false);
+    PERFORM alkblobs.take_lock(pl.id, false);
     SELECT * INTO cs FROM alkblobs.check_sources(pl.id);
     IF cs.problem IS NOT NULL THEN
         RAISE EXCEPTION 'liveness table %; nothing staged', cs.problem
@@ -2001,7 +2006,7 @@ BEGIN
     IF $2 < 0 OR $2 > 10000 THEN
         RAISE EXCEPTION 'max_keys must be between 0 and 10000, got %', $2 USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF NOT alkblobs.take_lock(pl.id, 'sweep', true) THEN
+    IF NOT alkblobs.take_lock(pl.id, true) THEN
         RAISE NOTICE 'another sweeper holds pool "%"; nothing claimed', pl.name;
         RETURN;
     END IF;
@@ -2183,7 +2188,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF NOT alkblobs.take_lock(pl.id, 'sweep', true) THEN
+    IF NOT alkblobs.take_lock(pl.id, true) THEN
         aborted := 'sweeper_lock';
         duration := clock_timestamp() - t0;
         RETURN NEXT;
@@ -2459,22 +2464,72 @@ BEGIN
                         r.aborted, r.duration;
 END $$;
 
--- A fleet client's sweep lease on a pool, held until the caller's
--- transaction ends: true if the caller now holds it, false (at once) if
--- another transaction does. A client holds it, on a connection of its
--- own, across the alkblobs_sweep calls of one sweep, so that of two
--- instances sweeping at once one does the work and the other reports the
--- sweeper lock. Distinct from the sweeper lock each alkblobs_sweep call
--- takes (psql users and the scheduler are not kept out by a lease). Needs
--- 'sweep' access: unlike the advisory lock it replaces (0.6.0), a role
--- without it cannot hold the lease to stop a fleet's sweeps.
-CREATE OR REPLACE FUNCTION @extschema@.alkblobs_sweep_lease(pool text) RETURNS boolean
+-- A fleet client's sweep lease on a pool: `holder` (the caller's
+-- store-instance id, as for pins; bound to the calling role too) takes
+-- it, or renews it, until now + ttl. True if the caller holds it now;
+-- false, without waiting for its holder, while another holder's lease has
+-- neither expired nor lost its backend (the connection that last took or
+-- renewed it: a client that died frees its lease at once, unless a
+-- connection pooler keeps that connection open, when ttl still bounds
+-- it). A client takes it before the alkblobs_sweep calls of one sweep,
+-- renews it as they go and ends it after (alkblobs_sweep_lease_end), so
+-- that of two instances sweeping at once one does the work and the other
+-- reports the sweeper lock. Exclusivity among clients only: each
+-- alkblobs_sweep call takes the pool's sweeper lock for itself, and psql
+-- users and the scheduler ignore leases. Needs 'sweep' access (unlike the
+-- advisory lock it replaces, 0.6.0: any role could hold that to stop a
+-- fleet's sweeps) and READ COMMITTED (AB003).
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_sweep_lease(pool text, holder text, ttl interval DEFAULT '60 seconds')
+RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+    me oid := alkblobs.caller();
+    cur alkblobs.leases;
+BEGIN
+    PERFORM alkblobs.require_read_committed('alkblobs_sweep_lease');
+    PERFORM alkblobs.check_owner($2);
+    PERFORM alkblobs.not_null($3, 'ttl');
+    IF $3 < interval '1 second' OR $3 > interval '1 hour' THEN
+        RAISE EXCEPTION 'ttl must be between 1 second and 1 hour, got %', $3 USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    LOOP
+        INSERT INTO alkblobs.leases AS l (pool, role, holder, pid, expires_at)
+        VALUES (pl.id, me, $2, pg_catalog.pg_backend_pid(), clock_timestamp() + $3)
+        ON CONFLICT (pool) DO NOTHING;
+        IF FOUND THEN
+            RETURN true;
+        END IF;
+        -- (Waits for a concurrent call on the same lease, then sees its row.)
+        SELECT * INTO cur FROM alkblobs.leases l WHERE l.pool = pl.id FOR UPDATE;
+        IF FOUND THEN
+            IF (cur.role = me AND cur.holder = $2) OR cur.expires_at <= clock_timestamp()
+               OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = cur.pid) THEN
+                UPDATE alkblobs.leases l
+                   SET role = me, holder = $2, pid = pg_catalog.pg_backend_pid(), expires_at = clock_timestamp() + $3
+                 WHERE l.pool = pl.id;
+                RETURN true;
+            END IF;
+            RETURN false;
+        END IF;
+        -- Ended meanwhile: take it.
+    END LOOP;
+END $$;
+
+-- Ends holder's sweep lease on a pool (a lease of the calling role); true
+-- if it held one.
+CREATE OR REPLACE FUNCTION @extschema@.alkblobs_sweep_lease_end(pool text, holder text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'sweep');
 BEGIN
-    RETURN alkblobs.take_lock(pl.id, 'lease', true);
+    PERFORM alkblobs.check_owner($2);
+    DELETE FROM alkblobs.leases l WHERE l.pool = pl.id AND l.role = alkblobs.caller() AND l.holder = $2;
+    RETURN FOUND;
 END $$;
 
 -- Scheduling (the extension's background worker, pg_ext/src/scheduler.rs) -----
@@ -3085,7 +3140,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_local_deleting(text, bytea[]),
     @extschema@.alkblobs_local_deleted(text, bytea[]),
     @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer),
-    @extschema@.alkblobs_sweep_lease(text),
+    @extschema@.alkblobs_sweep_lease(text, text, interval),
+    @extschema@.alkblobs_sweep_lease_end(text, text),
     @extschema@.alkblobs_delete(text, bytea[]),
     @extschema@.alkblobs_single_stage(text, bytea[], bigint),
     @extschema@.alkblobs_single_seal(text, text, bigint)

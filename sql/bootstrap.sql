@@ -257,20 +257,29 @@ CREATE TABLE alkblobs.schedule (
     pool           integer PRIMARY KEY,
     last_scheduled timestamptz NOT NULL
 );
--- Each pool's two locks (0.7.0), as rows only the extension can lock
+-- Each pool's sweeper lock (0.7.0), a row only the extension can lock
 -- (SELECT … FOR UPDATE needs UPDATE on the table, which only
--- alkblobs_owner has): 'sweep' is the sweeper lock that every sweep call,
--- claim, staging and registration of the pool takes; 'lease' is a fleet
--- client's sweep lease (alkblobs_sweep_lease). Until 0.6.0 these were
--- advisory locks, which any role that can connect can take: holding one
--- made every sweep of the pool abort and every staging call wait. The rows
--- are never updated, only locked, so locking one never raises a
+-- alkblobs_owner has), taken by every sweep call, claim, staging and
+-- registration of the pool for the rest of its transaction. Until 0.6.0
+-- it was an advisory lock, which any role that can connect can take:
+-- holding it made every sweep of the pool abort and every staging call
+-- wait. The rows are never updated, only locked, so locking one raises no
 -- serialization failure at REPEATABLE READ or SERIALIZABLE. See
 -- alkblobs.take_lock.
 CREATE TABLE alkblobs.pool_locks (
-    pool integer NOT NULL,
-    kind text NOT NULL CONSTRAINT lock_kind_known CHECK (kind IN ('sweep', 'lease')),
-    PRIMARY KEY (pool, kind)
+    pool integer PRIMARY KEY
+);
+-- Fleet clients' sweep leases (0.7.0; alkblobs_sweep_lease): which store
+-- instance (role and instance id, as for pins) sweeps the pool, until
+-- when, and the backend that last took or renewed it. A row that expired,
+-- or whose backend is gone (its client died), is anyone's to take.
+-- Exclusivity among clients only: no sweep's safety depends on it.
+CREATE TABLE alkblobs.leases (
+    pool       integer PRIMARY KEY,
+    role       oid NOT NULL,
+    holder     text NOT NULL CONSTRAINT holder_format CHECK (length(holder) BETWEEN 1 AND 200),
+    pid        integer NOT NULL,
+    expires_at timestamptz NOT NULL
 );
 
 REVOKE ALL ON ALL TABLES IN SCHEMA alkblobs FROM PUBLIC;
@@ -296,4 +305,5 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweep_state', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.schedule', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.leases', '');
 

@@ -206,7 +206,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_local_deleting(text, bytea[]),
     @extschema@.alkblobs_local_deleted(text, bytea[]),
     @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer),
-    @extschema@.alkblobs_sweep_lease(text),
+    @extschema@.alkblobs_sweep_lease(text, text, interval),
+    @extschema@.alkblobs_sweep_lease_end(text, text),
     @extschema@.alkblobs_delete(text, bytea[]),
     @extschema@.alkblobs_single_stage(text, bytea[], bigint),
     @extschema@.alkblobs_single_seal(text, text, bigint)

@@ -162,8 +162,13 @@ const OWNER: &str = "SELECT r.oid FROM pg_catalog.pg_roles r \
 /// MATERIALIZED VIEW make (`SetUserIdAndSecContext` with
 /// `SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION`), not
 /// `SET ROLE`: code it runs cannot `RESET ROLE` back to the superuser, nor
-/// create temporary objects that outlive the call. Nothing it does reaches
-/// past the switch back:
+/// leave temporary tables, `WITH HOLD` cursors, prepared statements or
+/// `LISTEN`s in the worker's session. (A temporary function or a
+/// session-level advisory lock it takes does outlive the call; neither is
+/// reached by the worker, whose own statements name only schema-qualified
+/// objects — `pg_temp` is never searched for functions or operators — and
+/// which takes no advisory lock.) Nothing it does reaches past the switch
+/// back:
 /// - settings it changes, even with a plain session-level `SET`, are
 ///   rolled back before the switch (a GUC nest level, as REFRESH
 ///   MATERIALIZED VIEW does), so a `search_path` or `lock_timeout` it set

@@ -6,11 +6,11 @@
 --   alkblobs.pool_locks instead of the advisory lock ('alkb', pool id),
 --   which any role that could connect could hold to make every sweep of
 --   the pool abort and every staging call wait;
--- * alkblobs_sweep_lease(pool): a fleet client's sweep lease, for callers
---   with 'sweep' access, replacing the client-side advisory lock
---   ('alkS', pool id) that had the same weakness (the 0.7.0 client calls
---   it; older clients keep their advisory lease, which still excludes
---   their own kind);
+-- * alkblobs_sweep_lease(pool, holder, ttl) / alkblobs_sweep_lease_end:
+--   a fleet client's sweep lease, an expiring row for callers with
+--   'sweep' access, replacing the client-side advisory lock ('alkS', pool
+--   id) that had the same weakness (the 0.7.0 client uses it; a 0.6.0
+--   client refuses a 0.7.0 database at open);
 -- * alkblobs.scheduler_due logs a WARNING when it gives up on a locked
 --   table, as the scheduler's other functions do.
 
@@ -19,11 +19,16 @@ DROP FUNCTION alkblobs.lock_class();
 
 -- Schema delta.
 CREATE TABLE alkblobs.pool_locks (
-    pool integer NOT NULL,
-    kind text NOT NULL CONSTRAINT lock_kind_known CHECK (kind IN ('sweep', 'lease')),
-    PRIMARY KEY (pool, kind)
+    pool integer PRIMARY KEY
 );
-INSERT INTO alkblobs.pool_locks (pool, kind)
-SELECT p.id, k.kind FROM alkblobs.pools p, (VALUES ('sweep'), ('lease')) k (kind);
-REVOKE ALL ON alkblobs.pool_locks FROM PUBLIC;
+INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p;
+CREATE TABLE alkblobs.leases (
+    pool       integer PRIMARY KEY,
+    role       oid NOT NULL,
+    holder     text NOT NULL CONSTRAINT holder_format CHECK (length(holder) BETWEEN 1 AND 200),
+    pid        integer NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+REVOKE ALL ON alkblobs.pool_locks, alkblobs.leases FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.leases', '');

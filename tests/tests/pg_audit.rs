@@ -525,9 +525,7 @@ async fn registering_during_a_sweep_does_not_deadlock() {
     // A sweep that has taken the pool and not yet its tables.
     let sweeper = connect().await;
     sweeper
-        .batch_execute(&format!(
-            "BEGIN; SELECT alkblobs.take_lock({id}, 'sweep', false)"
-        ))
+        .batch_execute(&format!("BEGIN; SELECT alkblobs.take_lock({id}, false)"))
         .await
         .unwrap();
     let admin = connect().await;

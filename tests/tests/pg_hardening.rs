@@ -1208,15 +1208,29 @@ async fn pool_id(c: &Client, pool: &str) -> i32 {
         .get(0)
 }
 
+/// A sweep lease call's result.
+async fn lease(c: &Client, pool: &str, holder: &str, ttl: &str) -> Result<bool, String> {
+    c.query_one(
+        "SELECT alkblobs_sweep_lease($1, $2, $3::text::interval)",
+        &[&pool, &holder, &ttl],
+    )
+    .await
+    .map(|r| r.get(0))
+    .map_err(|e| sqlstate(&e))
+}
+
 /// Up to 0.6.0 a pool's sweeper lock and a client's sweep lease were
 /// advisory locks ('alkb' and 'alkS', pool id), which any role that can
 /// connect can take: holding them made every sweep of the pool abort with
 /// `sweeper_lock`, registration and staging wait, and every fleet
-/// client's sweep report the sweeper lock. Now they are row locks only the
-/// extension's functions take, still exclusive among those who may.
+/// client's sweep report the sweeper lock. Now the sweeper lock is a row
+/// lock only the extension's functions take and the lease an expiring row
+/// only a role with sweep access to the pool writes, both still exclusive
+/// among those who may.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_role_without_access_cannot_hold_a_pools_locks() {
     let c = connect().await;
+    let other = pool(&c, "locks-other", "0 seconds", "60 seconds").await;
     let pool = pool(&c, "locks", "0 seconds", "60 seconds").await;
     let id = pool_id(&c, &pool).await;
     let dead = garbage(&c, &pool, b"swept despite the squatter").await;
@@ -1249,46 +1263,95 @@ async fn a_role_without_access_cannot_hold_a_pools_locks() {
         .map_err(|e| sqlstate(&e));
     c.batch_execute("RESET lock_timeout").await.unwrap();
     assert_eq!(reg, Ok(()), "registration waited for the squatter");
-    let leased: bool = c
-        .query_one("SELECT alkblobs_sweep_lease($1)", &[&pool])
+    assert_eq!(lease(&c, &pool, "node-su", "60 seconds").await, Ok(true));
+    c.execute("SELECT alkblobs_sweep_lease_end($1, 'node-su')", &[&pool])
         .await
-        .unwrap()
-        .get(0);
-    assert!(leased, "the squatter holds the sweep lease");
+        .unwrap();
     sq.batch_execute("ROLLBACK").await.unwrap();
-    // The squatter cannot take the new locks either.
-    for sql in [
-        format!("SELECT 1 FROM alkblobs.pool_locks WHERE pool = {id} FOR UPDATE"),
-        format!("SELECT alkblobs_sweep_lease('{pool}')"),
-        format!("SELECT alkblobs.take_lock({id}, 'sweep', true)"),
+    // Nobody without access takes the new ones: not the squatter, not the
+    // admin of another pool (who may use schema alkblobs for registration),
+    // not a sweeper of another pool.
+    let admin = login_role(&c, "otheradmin", "alkblobs_admin").await;
+    grant_pool(&c, &other, &admin, "admin").await;
+    let ad = connect_as(&admin).await;
+    let sweeper_b = login_role(&c, "othersweep", "alkblobs_sweeper").await;
+    grant_pool(&c, &other, &sweeper_b, "sweep").await;
+    let sb = connect_as(&sweeper_b).await;
+    for (who, conn) in [
+        ("squatter", &sq),
+        ("other pool's admin", &ad),
+        ("other pool's sweeper", &sb),
     ] {
-        let e = sq.batch_execute(&sql).await.unwrap_err();
-        assert_eq!(sqlstate(&e), "42501", "{sql}: {e}");
+        for sql in [
+            format!("SELECT 1 FROM alkblobs.pool_locks WHERE pool = {id} FOR UPDATE"),
+            "SELECT 1 FROM alkblobs.leases FOR UPDATE".to_string(),
+            format!("SELECT alkblobs.take_lock({id}, true)"),
+            format!("SELECT alkblobs_sweep_lease('{pool}', 'node-x')"),
+            format!("SELECT alkblobs_sweep_lease_end('{pool}', 'node-x')"),
+        ] {
+            let e = conn.batch_execute(&sql).await.unwrap_err();
+            assert_eq!(sqlstate(&e), "42501", "{who}: {sql}: {e}");
+        }
     }
-    // Among those who may, the locks still exclude: a sweep in progress
-    // makes a second one abort, a held lease makes a second one fail.
+    // Among those who may, both still exclude: a sweep in progress makes a
+    // second one abort; a live lease of one instance refuses another's,
+    // until it is ended or expires.
     let sweeper = login_role(&c, "sweeplock", "alkblobs_sweeper").await;
     grant_pool(&c, &pool, &sweeper, "sweep").await;
     let sw = connect_as(&sweeper).await;
-    sw.batch_execute(&format!(
-        "BEGIN; SELECT * FROM alkblobs_sweep('{pool}'); SELECT alkblobs_sweep_lease('{pool}')"
-    ))
-    .await
-    .unwrap();
+    sw.batch_execute(&format!("BEGIN; SELECT * FROM alkblobs_sweep('{pool}')"))
+        .await
+        .unwrap();
     assert_eq!(
         try_sweep(&c, &pool).await,
         Ok((0, Some("sweeper_lock".into())))
     );
-    c.batch_execute("BEGIN").await.unwrap();
-    let second: bool = c
-        .query_one("SELECT alkblobs_sweep_lease($1)", &[&pool])
+    sw.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(try_sweep(&c, &pool).await, Ok((0, None)));
+    assert_eq!(lease(&sw, &pool, "node-a", "1 second").await, Ok(true));
+    assert_eq!(
+        lease(&sw, &pool, "node-a", "1 second").await,
+        Ok(true),
+        "renewal"
+    );
+    assert_eq!(lease(&c, &pool, "node-b", "60 seconds").await, Ok(false));
+    // The same instance id under another role is another holder.
+    assert_eq!(lease(&c, &pool, "node-a", "60 seconds").await, Ok(false));
+    let ended: bool = c
+        .query_one("SELECT alkblobs_sweep_lease_end($1, 'node-a')", &[&pool])
         .await
         .unwrap()
         .get(0);
-    c.batch_execute("COMMIT").await.unwrap();
-    assert!(!second, "two leases at once");
-    sw.batch_execute("COMMIT").await.unwrap();
-    assert_eq!(try_sweep(&c, &pool).await, Ok((0, None)));
+    assert!(!ended, "ended another role's lease");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        lease(&c, &pool, "node-b", "60 seconds").await,
+        Ok(true),
+        "expired"
+    );
+    assert_eq!(lease(&sw, &pool, "node-a", "60 seconds").await, Ok(false));
+    let ended: bool = c
+        .query_one("SELECT alkblobs_sweep_lease_end($1, 'node-b')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ended);
+    assert_eq!(
+        lease(&sw, &pool, "node-a", "60 seconds").await,
+        Ok(true),
+        "ended"
+    );
+    // Leases are taken at READ COMMITTED only, with a bounded ttl.
+    sw.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    let e = lease(&sw, &pool, "node-a", "60 seconds").await;
+    sw.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(e, Err("AB003".into()));
+    assert_eq!(
+        lease(&sw, &pool, "node-a", "2 hours").await,
+        Err("22023".into())
+    );
 }
 
 /// The lock rows are only ever locked, never updated: unregistering (the

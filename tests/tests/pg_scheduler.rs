@@ -238,7 +238,7 @@ async fn a_node_holding_the_sweeper_lock_makes_the_scheduler_skip_never_wait() {
     // A node in the middle of its sweep holds the pool's sweeper lock.
     let mut node = connect().await;
     let tx = node.transaction().await.unwrap();
-    tx.execute("SELECT alkblobs.take_lock($1, 'sweep', false)", &[&id])
+    tx.execute("SELECT alkblobs.take_lock($1, false)", &[&id])
         .await
         .unwrap();
     schedule(&c, &pool, "1 second").await;

@@ -23,9 +23,9 @@
 //!   [`Error::PinExpired`] for a lapsed one.
 //! - **Sweeps** are `alkblobs_sweep` calls (each one transaction under the
 //!   pool's sweeper lock) until the mark is done and nothing due is left,
-//!   while this instance holds the pool's sweep lease: a transaction on its
-//!   own connection holding `alkblobs_sweep_lease` (a row lock only the
-//!   extension can take, distinct from each call's), so that of two
+//!   while this instance holds the pool's sweep lease (`alkblobs_sweep_lease`:
+//!   an expiring row naming this instance, renewed between calls and ended
+//!   after), so that of two
 //!   instances sweeping at once exactly one does the work and the other
 //!   reports [`GcAbortCause::SweeperLock`]. A `local` tier's files are
 //!   enumerated, staged through the extension and deleted only under its
@@ -68,6 +68,39 @@ const RELEASE_RETRY: Duration = Duration::from_secs(1);
 /// How long a put waits, in doubling steps, for a sweep to finish deleting
 /// the file of the same key before it gives up with the retryable error.
 const TOMBSTONE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a sweep lease lasts unless renewed (a sweep renews it every
+/// third of this between its calls).
+const LEASE_TTL: Duration = Duration::from_secs(60);
+const LEASE_TTL_SQL: &str = "60 seconds";
+
+/// Ends this instance's sweep lease when a sweep is over, however it ends
+/// (a cancelled sweep's is ended by a task of its own; without a runtime it
+/// expires after [`LEASE_TTL`]; a killed process's is free at once, its
+/// backend being gone).
+struct LeaseEnd(Arc<Shared>);
+
+impl Drop for LeaseEnd {
+    fn drop(&mut self) {
+        let s = self.0.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let r = s
+                    .pg
+                    .rows(
+                        &s.pg,
+                        None,
+                        "SELECT alkblobs_sweep_lease_end($1, $2)",
+                        &[(&s.info.name, Type::TEXT), (&s.owner, Type::TEXT)],
+                    )
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(pool = %s.info.name, error = %e, "unable to end the sweep lease; it expires by itself");
+                }
+            });
+        }
+    }
+}
 
 /// A fresh store-instance id: host, process and a random suffix, so two
 /// instances in one process are two owners.
@@ -476,8 +509,28 @@ impl FleetArbiter {
     }
 
     /// The sweep under the lease; see [`Arbiter::sweep`].
+    /// Takes or renews this instance's sweep lease on the pool; whether it
+    /// holds it.
+    async fn lease(&self) -> Result<bool> {
+        let s = &self.shared;
+        let rows =
+            s.pg.rows(
+                &s.pg,
+                None,
+                "SELECT alkblobs_sweep_lease($1, $2, $3::text::interval)",
+                &[
+                    (&s.info.name, Type::TEXT),
+                    (&s.owner, Type::TEXT),
+                    (&LEASE_TTL_SQL, Type::TEXT),
+                ],
+            )
+            .await?;
+        Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+    }
+
     async fn sweep_leased(&self, pool: &Pool, opts: &SweepOptions) -> Result<SweepReport> {
         let s = &self.shared;
+        let mut renewed = Instant::now();
         let mut report = SweepReport {
             window: s.info.delete_window,
             dry_run: opts.dry_run,
@@ -495,6 +548,15 @@ impl FleetArbiter {
         }
         let mut marking = true;
         loop {
+            if renewed.elapsed() >= LEASE_TTL / 3 {
+                if !self.lease().await? {
+                    // Expired (a stalled sweep) and taken by another
+                    // instance, which sweeps on.
+                    report.aborted = Some(GcAbortCause::SweeperLock);
+                    return Ok(report);
+                }
+                renewed = Instant::now();
+            }
             let rows = s
                 .pg
                 .rows(
@@ -806,22 +868,12 @@ impl Arbiter for FleetArbiter {
             )));
         }
         let started = Instant::now();
-        // The lease: a transaction holding the pool's sweep lease for the
-        // whole sweep (a row lock, held until the transaction ends, so a
-        // transaction-mode pooler keeps it on one server connection).
-        let lease = s.pg.conn().await?;
-        let lease = InTx::begin(lease, "BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await
-            .map_err(|e| db_err(&s.pg, None, e))?;
-        let got: bool = lease
-            .query_typed_one(
-                "SELECT alkblobs_sweep_lease($1)",
-                &[(&s.info.name, Type::TEXT)],
-            )
-            .await
-            .map_err(|e| db_err(&s.pg, None, e))?
-            .get(0);
+        // The lease: an expiring row naming this instance, renewed as the
+        // calls go (`sweep_leased`) and ended after; a lease left by a
+        // cancelled or killed sweep expires after LEASE_TTL.
+        let got = self.lease().await?;
         let result = if got {
+            let _end = LeaseEnd(self.shared.clone());
             // (Test support: a hook at Mark runs with the lease held.)
             opts.run_hook(SweepPhase::Mark).await;
             self.sweep_leased(pool, &opts).await
@@ -833,9 +885,6 @@ impl Arbiter for FleetArbiter {
                 ..SweepReport::default()
             })
         };
-        // Dropped on an early return or a cancelled sweep, the lease's
-        // connection is closed instead (InTx), which ends the lease too.
-        let _ = finish(lease, "COMMIT").await;
         result.map(|mut r| {
             r.duration = started.elapsed();
             r
