@@ -240,3 +240,64 @@ async fn pools_refuse_delete_and_truncate() {
     }
     assert_eq!(entries(&c, &pool).await, 1);
 }
+
+/// 0.7.0's fast path (a plain insert when every key is new, falling back
+/// to `ON CONFLICT` on a unique violation) answers each position as the
+/// set-based path does: a key repeated in the batch is created once, a
+/// present key is not created, and nothing of the failed plain insert
+/// stays behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_many_reports_repeated_and_present_keys_once() {
+    let c = connect().await;
+    let pool = pool_with(&c, "hot-dup", "0 seconds", "60 seconds", "pg-lo", true).await;
+    let (a, b, d) = (b"dup a".to_vec(), b"dup b".to_vec(), b"dup d".to_vec());
+    let put_many = |keys: Vec<Vec<u8>>, vals: Vec<Vec<u8>>| {
+        let (c, pool) = (&c, pool.clone());
+        async move {
+            c.query_one(
+                "SELECT alkblobs_put_many($1, $2, $3, NULL)",
+                &[&pool, &keys, &vals],
+            )
+            .await
+            .unwrap()
+            .get::<_, Vec<bool>>(0)
+        }
+    };
+    let count = || async {
+        c.query_one(
+            "SELECT count(*) FROM alkblobs.entries e JOIN alkblobs.pools p ON p.id = e.pool WHERE p.name = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    assert_eq!(put_many(vec![key(&b)], vec![b.clone()]).await, [true]);
+    // Repeated a, present b, new d.
+    assert_eq!(
+        put_many(
+            vec![key(&a), key(&b), key(&a), key(&d)],
+            vec![a.clone(), b.clone(), a.clone(), d.clone()]
+        )
+        .await,
+        [true, false, false, true]
+    );
+    assert_eq!(count().await, 3);
+    // All new, one of them repeated.
+    let (e, f) = (b"dup e".to_vec(), b"dup f".to_vec());
+    assert_eq!(
+        put_many(
+            vec![key(&e), key(&e), key(&f)],
+            vec![e.clone(), e.clone(), f.clone()]
+        )
+        .await,
+        [true, false, true]
+    );
+    assert_eq!(count().await, 5);
+    // All present.
+    assert_eq!(
+        put_many(vec![key(&a), key(&f)], vec![a.clone(), f.clone()]).await,
+        [false, false]
+    );
+    assert_eq!(count().await, 5);
+}
