@@ -38,7 +38,6 @@ CREATE TABLE alkblobs.leases (
 );
 REVOKE ALL ON alkblobs.pool_locks, alkblobs.leases FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
-SELECT pg_catalog.pg_extension_config_dump('alkblobs.leases', '');
 
 -- The 0.7.0 functions (sql/api.sql) ----------------------------------------
 
@@ -2490,7 +2489,8 @@ END $$;
 -- it). A client takes it before the alkblobs_sweep calls of one sweep,
 -- renews it as they go and ends it after (alkblobs_sweep_lease_end), so
 -- that of two instances sweeping at once one does the work and the other
--- reports the sweeper lock. Exclusivity among clients only: each
+-- reports the sweeper lock. (Whether a backend is gone is read once per
+-- transaction: call it outside a long one.) Exclusivity among clients only: each
 -- alkblobs_sweep call takes the pool's sweeper lock for itself, and psql
 -- users and the scheduler ignore leases. Needs 'sweep' access (unlike the
 -- advisory lock it replaces, 0.6.0: any role could hold that to stop a
@@ -2498,7 +2498,8 @@ END $$;
 CREATE OR REPLACE FUNCTION @extschema@.alkblobs_sweep_lease(pool text, holder text, ttl interval DEFAULT '60 seconds')
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '200ms' AS $$
 #variable_conflict use_column
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'sweep');
@@ -2532,6 +2533,9 @@ BEGIN
         END IF;
         -- Ended meanwhile: take it.
     END LOOP;
+EXCEPTION WHEN lock_not_available THEN
+    -- Another caller's lease call sits in an open transaction: theirs.
+    RETURN false;
 END $$;
 
 -- Ends holder's sweep lease on a pool (a lease of the calling role); true

@@ -2444,7 +2444,8 @@ END $$;
 -- it). A client takes it before the alkblobs_sweep calls of one sweep,
 -- renews it as they go and ends it after (alkblobs_sweep_lease_end), so
 -- that of two instances sweeping at once one does the work and the other
--- reports the sweeper lock. Exclusivity among clients only: each
+-- reports the sweeper lock. (Whether a backend is gone is read once per
+-- transaction: call it outside a long one.) Exclusivity among clients only: each
 -- alkblobs_sweep call takes the pool's sweeper lock for itself, and psql
 -- users and the scheduler ignore leases. Needs 'sweep' access (unlike the
 -- advisory lock it replaces, 0.6.0: any role could hold that to stop a
@@ -2452,7 +2453,8 @@ END $$;
 CREATE FUNCTION @extschema@.alkblobs_sweep_lease(pool text, holder text, ttl interval DEFAULT '60 seconds')
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp AS $$
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '200ms' AS $$
 #variable_conflict use_column
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'sweep');
@@ -2486,6 +2488,9 @@ BEGIN
         END IF;
         -- Ended meanwhile: take it.
     END LOOP;
+EXCEPTION WHEN lock_not_available THEN
+    -- Another caller's lease call sits in an open transaction: theirs.
+    RETURN false;
 END $$;
 
 -- Ends holder's sweep lease on a pool (a lease of the calling role); true

@@ -273,7 +273,8 @@ CREATE TABLE alkblobs.pool_locks (
 -- instance (role and instance id, as for pins) sweeps the pool, until
 -- when, and the backend that last took or renewed it. A row that expired,
 -- or whose backend is gone (its client died), is anyone's to take.
--- Exclusivity among clients only: no sweep's safety depends on it.
+-- Exclusivity among clients only: no sweep's safety depends on it. Not
+-- dumped: its pids and role oids mean nothing after a restore.
 CREATE TABLE alkblobs.leases (
     pool       integer PRIMARY KEY,
     role       oid NOT NULL,
@@ -305,5 +306,4 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweep_state', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.schedule', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
-SELECT pg_catalog.pg_extension_config_dump('alkblobs.leases', '');
 

@@ -34,4 +34,3 @@ CREATE TABLE alkblobs.leases (
 );
 REVOKE ALL ON alkblobs.pool_locks, alkblobs.leases FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
-SELECT pg_catalog.pg_extension_config_dump('alkblobs.leases', '');

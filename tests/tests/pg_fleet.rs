@@ -250,9 +250,24 @@ async fn renewal_keeps_a_held_pin_past_its_ttl() {
 /// reports the sweeper lock and deletes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sweepers_one_does_the_work() {
+    one_of_two_sweeps_does_the_work(false).await;
+}
+
+/// The same with two sweeps of one instance (each sweep's lease has a
+/// token of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sweeps_of_one_instance_one_does_the_work() {
+    one_of_two_sweeps_does_the_work(true).await;
+}
+
+async fn one_of_two_sweeps_does_the_work(same_instance: bool) {
     let pool = fleet_pool("fl-two", "60 seconds", "none").await;
     let a = open(&pool, FleetLarge::KvOnly).await;
-    let b = open(&pool, FleetLarge::KvOnly).await;
+    let b = if same_instance {
+        a.clone()
+    } else {
+        open(&pool, FleetLarge::KvOnly).await
+    };
     for i in 0..20u32 {
         drop(a.put(format!("garbage {i}").into_bytes()).await.unwrap());
     }

@@ -23,9 +23,9 @@
 //!   [`Error::PinExpired`] for a lapsed one.
 //! - **Sweeps** are `alkblobs_sweep` calls (each one transaction under the
 //!   pool's sweeper lock) until the mark is done and nothing due is left,
-//!   while this instance holds the pool's sweep lease (`alkblobs_sweep_lease`:
-//!   an expiring row naming this instance, renewed between calls and ended
-//!   after), so that of two
+//!   while this sweep holds the pool's sweep lease (`alkblobs_sweep_lease`:
+//!   an expiring row naming this instance and sweep, renewed by a task of
+//!   its own and ended after; see `Lease`), so that of two
 //!   instances sweeping at once exactly one does the work and the other
 //!   reports [`GcAbortCause::SweeperLock`]. A `local` tier's files are
 //!   enumerated, staged through the extension and deleted only under its
@@ -74,32 +74,97 @@ const TOMBSTONE_WAIT: Duration = Duration::from_secs(2);
 const LEASE_TTL: Duration = Duration::from_secs(60);
 const LEASE_TTL_SQL: &str = "60 seconds";
 
-/// Ends this instance's sweep lease when a sweep is over, however it ends
-/// (a cancelled sweep's is ended by a task of its own; without a runtime it
-/// expires after [`LEASE_TTL`]; a killed process's is free at once, its
-/// backend being gone).
-struct LeaseEnd(Arc<Shared>);
+/// A sweep's lease on its pool (`alkblobs_sweep_lease`), held by a task of
+/// its own on a connection of its own: it renews the lease every third of
+/// [`LEASE_TTL`] while the sweep runs (whatever phase the sweep is in),
+/// notes in `lost` a renewal that found the lease taken by another
+/// instance (after a stall past the TTL), and ends the lease when told to
+/// or when this value is dropped (a cancelled sweep). The holder is this
+/// instance's id and a token of the sweep, so two sweeps of one instance
+/// exclude each other too and a late end never ends a newer sweep's lease.
+/// The connection's backend is the lease's: a killed process's lease is
+/// free as soon as its connections close.
+struct Lease {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+    task: JoinHandle<()>,
+}
 
-impl Drop for LeaseEnd {
-    fn drop(&mut self) {
-        let s = self.0.clone();
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let r = s
-                    .pg
-                    .rows(
-                        &s.pg,
-                        None,
+impl Lease {
+    /// Takes the pool's lease; `None` while another sweep holds it.
+    async fn take(s: &Arc<Shared>) -> Result<Option<Lease>> {
+        let conn = s.pg.conn().await?;
+        let holder = format!("{}/{:016x}", s.owner, rand::random::<u64>());
+        if !lease_call(s, &conn, &holder).await? {
+            return Ok(None);
+        }
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = {
+            let (s, lost) = (s.clone(), lost.clone());
+            tokio::spawn(async move {
+                let every = LEASE_TTL / 3;
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                loop {
+                    tokio::select! {
+                        // Told to end, or the sweep was dropped.
+                        _ = &mut stopped => break,
+                        _ = tick.tick() => match lease_call(&s, &conn, &holder).await {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                lost.store(true, std::sync::atomic::Ordering::Release);
+                                return;
+                            }
+                            Err(e) => tracing::warn!(pool = %s.info.name, error = %e, "unable to renew the sweep lease; retrying"),
+                        },
+                    }
+                }
+                let r = conn
+                    .query_typed(
                         "SELECT alkblobs_sweep_lease_end($1, $2)",
-                        &[(&s.info.name, Type::TEXT), (&s.owner, Type::TEXT)],
+                        &[(&s.info.name, Type::TEXT), (&holder, Type::TEXT)],
                     )
                     .await;
                 if let Err(e) = r {
                     tracing::warn!(pool = %s.info.name, error = %e, "unable to end the sweep lease; it expires by itself");
                 }
-            });
-        }
+            })
+        };
+        Ok(Some(Lease {
+            stop: Some(stop),
+            lost,
+            task,
+        }))
     }
+
+    /// Whether another instance took the lease meanwhile.
+    fn lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Ends the lease and waits until it is ended.
+    async fn end(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+/// One `alkblobs_sweep_lease` call on the lease's connection.
+async fn lease_call(s: &Shared, conn: &deadpool_postgres::Object, holder: &str) -> Result<bool> {
+    let row = conn
+        .query_typed_one(
+            "SELECT alkblobs_sweep_lease($1, $2, $3::text::interval)",
+            &[
+                (&s.info.name, Type::TEXT),
+                (&holder, Type::TEXT),
+                (&LEASE_TTL_SQL, Type::TEXT),
+            ],
+        )
+        .await
+        .map_err(|e| db_err(&s.pg, None, e))?;
+    Ok(row.get(0))
 }
 
 /// A fresh store-instance id: host, process and a random suffix, so two
@@ -509,28 +574,13 @@ impl FleetArbiter {
     }
 
     /// The sweep under the lease; see [`Arbiter::sweep`].
-    /// Takes or renews this instance's sweep lease on the pool; whether it
-    /// holds it.
-    async fn lease(&self) -> Result<bool> {
+    async fn sweep_leased(
+        &self,
+        pool: &Pool,
+        opts: &SweepOptions,
+        lease: &Lease,
+    ) -> Result<SweepReport> {
         let s = &self.shared;
-        let rows =
-            s.pg.rows(
-                &s.pg,
-                None,
-                "SELECT alkblobs_sweep_lease($1, $2, $3::text::interval)",
-                &[
-                    (&s.info.name, Type::TEXT),
-                    (&s.owner, Type::TEXT),
-                    (&LEASE_TTL_SQL, Type::TEXT),
-                ],
-            )
-            .await?;
-        Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
-    }
-
-    async fn sweep_leased(&self, pool: &Pool, opts: &SweepOptions) -> Result<SweepReport> {
-        let s = &self.shared;
-        let mut renewed = Instant::now();
         let mut report = SweepReport {
             window: s.info.delete_window,
             dry_run: opts.dry_run,
@@ -548,14 +598,11 @@ impl FleetArbiter {
         }
         let mut marking = true;
         loop {
-            if renewed.elapsed() >= LEASE_TTL / 3 {
-                if !self.lease().await? {
-                    // Expired (a stalled sweep) and taken by another
-                    // instance, which sweeps on.
-                    report.aborted = Some(GcAbortCause::SweeperLock);
-                    return Ok(report);
-                }
-                renewed = Instant::now();
+            if lease.lost() {
+                // Expired (a stall past the TTL) and taken by another
+                // instance, which sweeps on.
+                report.aborted = Some(GcAbortCause::SweeperLock);
+                return Ok(report);
             }
             let rows = s
                 .pg
@@ -868,15 +915,13 @@ impl Arbiter for FleetArbiter {
             )));
         }
         let started = Instant::now();
-        // The lease: an expiring row naming this instance, renewed as the
-        // calls go (`sweep_leased`) and ended after; a lease left by a
-        // cancelled or killed sweep expires after LEASE_TTL.
-        let got = self.lease().await?;
-        let result = if got {
-            let _end = LeaseEnd(self.shared.clone());
+        // The lease: see `Lease`.
+        let result = if let Some(lease) = Lease::take(&self.shared).await? {
             // (Test support: a hook at Mark runs with the lease held.)
             opts.run_hook(SweepPhase::Mark).await;
-            self.sweep_leased(pool, &opts).await
+            let r = self.sweep_leased(pool, &opts, &lease).await;
+            lease.end().await;
+            r
         } else {
             Ok(SweepReport {
                 window: s.info.delete_window,
