@@ -290,7 +290,7 @@ BEGIN
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_trigger tg
          WHERE tg.tgrelid = rel AND tg.tgname = 'alkblobs_liveness_guard'
-           AND tg.tgfoid = 'alkblobs.liveness_guard()'::pg_catalog.regprocedure
+           AND tg.tgfoid = 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure
            AND tg.tgtype = 21  -- ROW | INSERT | UPDATE, AFTER
            AND tg.tgenabled = 'A' AND tg.tgqual IS NULL AND tg.tgnargs = 0
            AND tg.tgconstraint = 0 AND NOT tg.tgdeferrable
@@ -1575,7 +1575,7 @@ END $$;
 -- was registered with forward_references. At REPEATABLE READ or
 -- SERIALIZABLE a row deleted after the writer's snapshot raises 40001
 -- instead of being found.
-CREATE FUNCTION alkblobs.liveness_guard() RETURNS trigger
+CREATE FUNCTION alkblobs_registration.liveness_guard() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1622,10 +1622,19 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- alkblobs.require_read_committed for the registration functions, which
+-- run as the caller (who has no USAGE on schema alkblobs).
+CREATE FUNCTION alkblobs_registration.require_read_committed(what text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM alkblobs.require_read_committed($1);
+END $$;
+
 -- Takes pool p_name's sweeper lock (waiting out a running sweep) for a
 -- caller with admin access to it: registration and unregistration take it
 -- before they lock the table, in the order a sweep takes them.
-CREATE FUNCTION alkblobs.lock_pool_for_admin(p_name text) RETURNS void
+CREATE FUNCTION alkblobs_registration.lock_pool_for_admin(p_name text) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1636,7 +1645,7 @@ END $$;
 
 -- Registration, the part that needs the extension's tables (see
 -- alkblobs_register_liveness for the part that runs as the caller).
-CREATE FUNCTION alkblobs.add_source(pool text, tbl regclass, fwd boolean) RETURNS void
+CREATE FUNCTION alkblobs_registration.add_source(pool text, tbl regclass, fwd boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1749,7 +1758,7 @@ CREATE EVENT TRIGGER alkblobs_liveness_ddl ON ddl_command_end
 
 -- Unregistration's part in the extension's tables: (found, still
 -- registered with another pool).
-CREATE FUNCTION alkblobs.remove_source(pool text, tbl regclass, OUT found_it boolean, OUT elsewhere boolean)
+CREATE FUNCTION alkblobs_registration.remove_source(pool text, tbl regclass, OUT found_it boolean, OUT elsewhere boolean)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -1787,7 +1796,7 @@ BEGIN
     END IF;
     -- The check of the rows already in the table must see every committed
     -- one (an older snapshot would miss rows committed since).
-    PERFORM alkblobs.require_read_committed('alkblobs_register_liveness');
+    PERFORM alkblobs_registration.require_read_committed('alkblobs_register_liveness');
     SELECT c.relkind, c.relowner, c.relpersistence, c.relrowsecurity INTO rel FROM pg_catalog.pg_class c WHERE c.oid = $2;
     IF rel.relkind NOT IN ('r', 'p') THEN
         RAISE EXCEPTION '% is not a table', $2 USING ERRCODE = 'wrong_object_type',
@@ -1812,22 +1821,22 @@ BEGIN
     END IF;
     -- The pool's sweeper lock before any lock on the table: a sweep holds
     -- the pool and then locks its tables, so the other order deadlocks.
-    PERFORM alkblobs.lock_pool_for_admin($1);
+    PERFORM alkblobs_registration.lock_pool_for_admin($1);
     -- The guard: ours, exactly (an older or altered one is replaced).
     SELECT t.tgfoid, t.tgtype INTO tg FROM pg_catalog.pg_trigger t WHERE t.tgrelid = $2 AND t.tgname = 'alkblobs_liveness_guard';
-    IF FOUND AND (tg.tgfoid <> 'alkblobs.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 21) THEN
+    IF FOUND AND (tg.tgfoid <> 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 21) THEN
         EXECUTE format('DROP TRIGGER alkblobs_liveness_guard ON %s', $2);
     END IF;
-    IF NOT FOUND OR tg.tgfoid <> 'alkblobs.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 21 THEN
+    IF NOT FOUND OR tg.tgfoid <> 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 21 THEN
         EXECUTE format('CREATE TRIGGER alkblobs_liveness_guard AFTER INSERT OR UPDATE ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION alkblobs.liveness_guard()', $2);
+                       'FOR EACH ROW EXECUTE FUNCTION alkblobs_registration.liveness_guard()', $2);
     END IF;
     -- ALWAYS: also under session_replication_role = replica.
     EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER alkblobs_liveness_guard', $2);
     -- alkblobs_owner reads it (through its view, alkblobs.src_<oid>; its
     -- partitions through it).
     EXECUTE format('GRANT SELECT ON %s TO alkblobs_owner', $2);
-    PERFORM alkblobs.add_source($1, $2, $3);
+    PERFORM alkblobs_registration.add_source($1, $2, $3);
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_index i
          WHERE i.indrelid = $2 AND i.indkey[0] = (SELECT a.attnum FROM pg_catalog.pg_attribute a WHERE a.attrelid = $2 AND a.attname = 'key')) THEN
@@ -1847,8 +1856,8 @@ BEGIN
     IF $1 IS NULL OR $2 IS NULL THEN
         RAISE EXCEPTION 'pool and table must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM alkblobs.lock_pool_for_admin($1);
-    SELECT * INTO r FROM alkblobs.remove_source($1, $2);
+    PERFORM alkblobs_registration.lock_pool_for_admin($1);
+    SELECT * INTO r FROM alkblobs_registration.remove_source($1, $2);
     IF NOT r.elsewhere THEN
         EXECUTE format('DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON %s', $2);
         EXECUTE format('REVOKE SELECT ON %s FROM alkblobs_owner', $2);

@@ -29,6 +29,15 @@ END $$;
 
 CREATE SCHEMA IF NOT EXISTS alkblobs;
 REVOKE ALL ON SCHEMA alkblobs FROM PUBLIC;
+-- The five internals that registration, which runs as the caller, calls
+-- (0.7.0). Admins get USAGE on this schema, which holds no table, and not
+-- on `alkblobs`: with USAGE there, an admin of one pool could queue an
+-- ACCESS EXCLUSIVE lock on the extension's tables (`CREATE RULE … ON
+-- alkblobs.pools` takes it before it checks ownership) behind any reader
+-- and stall every call of every pool behind it. Owned by the installing
+-- superuser, so alkblobs_owner cannot add to what admins run.
+CREATE SCHEMA alkblobs_registration;
+REVOKE ALL ON SCHEMA alkblobs_registration FROM PUBLIC;
 
 -- A pool: a named set of entries with its own window, pin TTL and sweeper
 -- lock. The window and TTL live here so that every entry point (client,

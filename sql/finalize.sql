@@ -222,12 +222,15 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_revoke_pool(text, regrole, text)
   TO alkblobs_admin;
 -- Registration runs as the caller (it creates the guard trigger on the
--- caller's table), so admins reach exactly these five internals.
-GRANT USAGE ON SCHEMA alkblobs TO alkblobs_admin;
+-- caller's table), so admins reach exactly these five internals, in a
+-- schema of their own (see bootstrap.sql: no USAGE on schema alkblobs).
+GRANT USAGE ON SCHEMA alkblobs_registration TO alkblobs_admin;
+-- (The extension's own checks name the guard function.)
+GRANT USAGE ON SCHEMA alkblobs_registration TO alkblobs_owner;
 GRANT EXECUTE ON FUNCTION
-    alkblobs.liveness_guard(),
-    alkblobs.lock_pool_for_admin(text),
-    alkblobs.require_read_committed(text),
-    alkblobs.add_source(text, regclass, boolean),
-    alkblobs.remove_source(text, regclass)
+    alkblobs_registration.liveness_guard(),
+    alkblobs_registration.lock_pool_for_admin(text),
+    alkblobs_registration.require_read_committed(text),
+    alkblobs_registration.add_source(text, regclass, boolean),
+    alkblobs_registration.remove_source(text, regclass)
   TO alkblobs_admin;

@@ -13,12 +13,29 @@
 --   client refuses a 0.7.0 database at open);
 -- * alkblobs.scheduler_due logs a WARNING when it gives up on a locked
 --   table, as the scheduler's other functions do.
+-- * registration's internals move to schema alkblobs_registration and
+--   alkblobs_admin loses USAGE on schema alkblobs (an admin of one pool
+--   could otherwise stall every pool; see bootstrap.sql);
 -- * alkblobs_put_many inserts a batch whose keys are all new with one plain
 --   INSERT (falling back to ON CONFLICT on a unique violation): ~2 ms less
 --   per 1,000 values, same answers.
 
 -- Functions this version no longer has.
 DROP FUNCTION alkblobs.lock_class();
+
+-- Registration's internals move to a schema of their own, and admins lose
+-- USAGE on schema alkblobs (with it, an admin of one pool could stall
+-- every pool: CREATE RULE on an extension table queues ACCESS EXCLUSIVE
+-- before it checks ownership). Moved, not re-created: existing guard
+-- triggers keep calling the same function.
+CREATE SCHEMA alkblobs_registration;
+REVOKE ALL ON SCHEMA alkblobs_registration FROM PUBLIC;
+ALTER FUNCTION alkblobs.liveness_guard() SET SCHEMA alkblobs_registration;
+ALTER FUNCTION alkblobs.lock_pool_for_admin(text) SET SCHEMA alkblobs_registration;
+ALTER FUNCTION alkblobs.add_source(text, regclass, boolean) SET SCHEMA alkblobs_registration;
+ALTER FUNCTION alkblobs.remove_source(text, regclass) SET SCHEMA alkblobs_registration;
+REVOKE USAGE ON SCHEMA alkblobs FROM alkblobs_admin;
+REVOKE EXECUTE ON FUNCTION alkblobs.require_read_committed(text) FROM alkblobs_admin;
 
 -- Schema delta.
 CREATE TABLE alkblobs.pool_locks (

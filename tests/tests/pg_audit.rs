@@ -770,7 +770,7 @@ async fn rows_that_could_not_be_checked_at_once_stop_the_sweep_until_fixed() {
 
 // Audit, second round ------------------------------------------------------------------
 
-/// `alkblobs.add_source` (granted to admins) locks the table before it
+/// `alkblobs_registration.add_source` (granted to admins) locks the table before it
 /// validates and reads it: an index with a user function created by a
 /// transaction that held the table while the registration checked it is
 /// seen, and the table refused, instead of planned as the extension.
@@ -805,7 +805,7 @@ async fn a_registration_racing_an_index_creation_sees_the_index() {
     let (p2, t2) = (pool.clone(), t.clone());
     let task = tokio::spawn(async move {
         reg.execute(
-            "SELECT alkblobs.add_source($1, $2::text::regclass, false)",
+            "SELECT alkblobs_registration.add_source($1, $2::text::regclass, false)",
             &[&p2, &t2],
         )
         .await

@@ -1354,6 +1354,54 @@ async fn a_role_without_access_cannot_hold_a_pools_locks() {
     );
 }
 
+/// Until 0.7.0 admins had USAGE on schema `alkblobs` (registration runs as
+/// the caller and calls internals there). With it, an admin of one pool
+/// could queue an ACCESS EXCLUSIVE lock on the extension's tables behind
+/// any reader — `CREATE RULE` and `CREATE TRIGGER` take it before they
+/// check ownership — and every call of every pool queued behind that.
+/// Now those internals live in `alkblobs_registration`, which holds no
+/// table, and the statements fail at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_of_one_pool_cannot_stall_the_others() {
+    let c = connect().await;
+    let mine = pool(&c, "stall-mine", "0 seconds", "60 seconds").await;
+    let admin = login_role(&c, "staller", "alkblobs_admin").await;
+    grant_pool(&c, &mine, &admin, "admin").await;
+    // A reader of the pools table in an open transaction (here the admin
+    // itself, through the pools view).
+    let hold = connect_as(&admin).await;
+    hold.batch_execute("BEGIN; SELECT count(*) FROM alkblobs_pools")
+        .await
+        .unwrap();
+    let ad = connect_as(&admin).await;
+    ad.batch_execute("SET lock_timeout = '2s'").await.unwrap();
+    for sql in [
+        "CREATE RULE stall AS ON UPDATE TO alkblobs.pools DO INSTEAD NOTHING",
+        "CREATE TRIGGER stall AFTER UPDATE ON alkblobs.pools \
+         FOR EACH ROW EXECUTE FUNCTION alkblobs_registration.liveness_guard()",
+        "CREATE RULE stall AS ON INSERT TO alkblobs.entries DO INSTEAD NOTHING",
+    ] {
+        let e = ad.batch_execute(sql).await.unwrap_err();
+        assert_eq!(sqlstate(&e), "42501", "{sql}: {e}");
+    }
+    hold.batch_execute("ROLLBACK").await.unwrap();
+    // Registration, which needs those internals, still works for the admin.
+    let table = table_name(&mine, "live");
+    ad.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    register(&ad, &mine, &table).await;
+    let unregistered: bool = ad
+        .query_one(
+            "SELECT alkblobs_unregister_liveness($1, $2::text::regclass)",
+            &[&mine, &table],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(unregistered);
+}
+
 /// The lock rows are only ever locked, never updated: unregistering (the
 /// one call that takes the sweeper lock and runs at every isolation level;
 /// registration, staging, claims and sweeps need READ COMMITTED) in a
