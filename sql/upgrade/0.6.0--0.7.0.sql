@@ -17,8 +17,9 @@
 --   alkblobs_admin loses USAGE on schema alkblobs (an admin of one pool
 --   could otherwise stall every pool; see bootstrap.sql);
 -- * alkblobs_put_many inserts a batch whose keys are all new with one plain
---   INSERT (falling back to ON CONFLICT on a unique violation): ~2 ms less
---   per 1,000 values, same answers.
+--   INSERT (falling back to ON CONFLICT on a unique violation; a batch with
+--   a sampled present key, or a session whose batch failed so, takes ON
+--   CONFLICT at once): ~2 ms less per 1,000 values, same answers.
 
 -- Functions this version no longer has.
 DROP FUNCTION alkblobs.lock_class();
