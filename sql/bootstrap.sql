@@ -35,7 +35,9 @@ REVOKE ALL ON SCHEMA alkblobs FROM PUBLIC;
 -- ACCESS EXCLUSIVE lock on the extension's tables (`CREATE RULE … ON
 -- alkblobs.pools` takes it before it checks ownership) behind any reader
 -- and stall every call of every pool behind it. Owned by the installing
--- superuser, so alkblobs_owner cannot add to what admins run.
+-- superuser, so alkblobs_owner cannot add functions to what admins run
+-- (it owns, and so could alter, the five definer functions in it, as it
+-- owns every definer function of the extension).
 CREATE SCHEMA alkblobs_registration;
 REVOKE ALL ON SCHEMA alkblobs_registration FROM PUBLIC;
 

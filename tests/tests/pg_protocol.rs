@@ -407,6 +407,41 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .unwrap()
         .get(0);
     assert!(leased);
+    // An admin (not a superuser) still registers and unregisters after the
+    // move of registration's internals to alkblobs_registration.
+    let role = format!("t_upgrade_admin_{}", std::process::id());
+    c.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN IN ROLE alkblobs_admin; GRANT CREATE ON SCHEMA public TO {role};
+         SELECT alkblobs_grant_pool('u', '{role}', 'admin');"
+    ))
+    .await
+    .unwrap();
+    let (ac, aconn) = tokio_postgres::connect(
+        &format!("{base}/{db}").replacen("postgres@", &format!("{role}@"), 1),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let atask = tokio::spawn(aconn);
+    ac.batch_execute(
+        "CREATE TABLE u_admin_refs (key bytea PRIMARY KEY);
+         SELECT alkblobs_register_liveness('u', 'u_admin_refs');
+         SELECT alkblobs_unregister_liveness('u', 'u_admin_refs');
+         DROP TABLE u_admin_refs;",
+    )
+    .await
+    .unwrap();
+    let e = ac
+        .batch_execute("CREATE RULE r AS ON UPDATE TO alkblobs.pools DO INSTEAD NOTHING")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        alkblobs_tests::pg::sqlstate(&e),
+        "42501",
+        "USAGE on schema alkblobs survived the upgrade"
+    );
+    drop(ac);
+    let _ = atask.await;
     let e = c
         .batch_execute("INSERT INTO u_refs VALUES (alkblobs_key('never put'))")
         .await
