@@ -105,13 +105,20 @@ impl Lease {
             tokio::spawn(async move {
                 let every = LEASE_TTL / 3;
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                let mut renewed = Instant::now();
                 loop {
                     tokio::select! {
                         // Told to end, or the sweep was dropped.
                         _ = &mut stopped => break,
                         _ = tick.tick() => match lease_call(&s, &conn, &holder).await {
-                            Ok(true) => {}
+                            Ok(true) => renewed = Instant::now(),
                             Ok(false) => {
+                                lost.store(true, std::sync::atomic::Ordering::Release);
+                                return;
+                            }
+                            // Unrenewed for a whole TTL (its connection
+                            // broke): another instance may hold it now.
+                            Err(_) if renewed.elapsed() >= LEASE_TTL => {
                                 lost.store(true, std::sync::atomic::Ordering::Release);
                                 return;
                             }
