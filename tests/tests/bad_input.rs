@@ -185,10 +185,51 @@ async fn over_threshold_put_in_kv_only_mode_names_the_sizes() {
     assert_eq!(store.list().try_collect::<Vec<_>>().await.unwrap(), vec![]);
 }
 
+/// The files process `pid` holds open whose names were `dir/…` and are now
+/// gone: how `/proc` shows an `O_TMPFILE` file (`dir/#123 (deleted)`).
+fn unnamed_files_held(pid: u32, dir: &std::path::Path) -> usize {
+    let prefix = format!("{}/#", dir.display());
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|t| {
+            let t = t.to_string_lossy();
+            t.starts_with(&prefix) && t.ends_with(" (deleted)")
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn a_killed_put_into_an_unnamed_staging_file_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = Helper::spawn(HELPER, &["slow-put", dir.path().to_str().unwrap()]);
+    h.wait_for("writing");
+    let staging = dir.path().join("large/staging");
+    let parts = || std::fs::read_dir(&staging).unwrap().count();
+    // The write in progress has no name anywhere: staging/ is empty, and
+    // the writer holds the unnamed file it is writing.
+    assert_eq!(parts(), 0, "the writer's file has no name");
+    assert_eq!(unnamed_files_held(h.child.id(), &staging), 1);
+    h.kill();
+
+    // Nothing visible, nothing to reclaim, even with no grace.
+    let store = Store::open_dir(dir.path()).await.unwrap();
+    assert_eq!(store.list().try_collect::<Vec<_>>().await.unwrap(), vec![]);
+    assert_eq!(store.usage().await.unwrap().large.unwrap().entries, 0);
+    drop(store);
+    let opts = LocalOptions::default().staging_grace(Duration::ZERO);
+    let large = LocalBackend::open(dir.path().join("large"), opts)
+        .await
+        .unwrap();
+    assert_eq!(large.reclaim_abandoned().await.unwrap(), 0);
+    assert_eq!(parts(), 0);
+}
+
 #[tokio::test]
 async fn killed_put_is_never_visible_and_its_staging_file_is_reclaimed_only_when_abandoned() {
     let dir = tempfile::tempdir().unwrap();
-    let mut h = Helper::spawn(HELPER, &["slow-put", dir.path().to_str().unwrap()]);
+    let mut h = Helper::spawn(HELPER, &["slow-put-named", dir.path().to_str().unwrap()]);
     h.wait_for("writing");
     let staging = dir.path().join("large/staging");
     let parts = || std::fs::read_dir(&staging).unwrap().count();
@@ -203,7 +244,8 @@ async fn killed_put_is_never_visible_and_its_staging_file_is_reclaimed_only_when
     assert_eq!(parts(), 1);
     drop(store);
 
-    // With no grace and nobody holding its lock, it is reclaimed.
+    // With no grace and nobody holding its lock, it is reclaimed (by an
+    // open that stages unnamed files too: leftovers of either kind go).
     let opts = LocalOptions::default().staging_grace(Duration::ZERO);
     let large = LocalBackend::open(dir.path().join("large"), opts)
         .await
@@ -222,13 +264,22 @@ async fn killed_put_is_never_visible_and_its_staging_file_is_reclaimed_only_when
 #[tokio::test]
 async fn a_live_writers_staging_file_is_never_reclaimed() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = LocalOptions::default().staging_grace(Duration::ZERO);
+    let opts = LocalOptions::default()
+        .staging_grace(Duration::ZERO)
+        .named_staging(true);
     let large = LocalBackend::open(dir.path(), opts).await.unwrap();
     let value = data(6, 2_000_000);
     let mut w = large.begin_write().await.unwrap();
     w.write(Bytes::copy_from_slice(&value[..1_000_000]))
         .await
         .unwrap();
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("staging"))
+            .unwrap()
+            .count(),
+        1,
+        "a named staging file"
+    );
     assert_eq!(
         large.reclaim_abandoned().await.unwrap(),
         0,

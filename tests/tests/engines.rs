@@ -71,17 +71,38 @@ large_backend_suite!(local_relaxed, LARGE, async {
     (e, dir)
 });
 
+// Named staging files (what shared media and filesystems without
+// `O_TMPFILE` use) meet the same contract as the default unnamed ones.
+large_backend_suite!(local_named_staging, LARGE, async {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = LocalOptions::default()
+        .durability(Durability::Relaxed)
+        .named_staging(true);
+    let e = LocalBackend::open(dir.path().join("large"), opts)
+        .await
+        .unwrap();
+    (e, dir)
+});
+
 /// A shard directory an operator removed is recreated by the next put into
-/// it (the publish notices the missing directory), in both durabilities.
+/// it (the publish notices the missing directory), in both durabilities and
+/// with both kinds of staging file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_shard_directory_is_recreated_by_a_put() {
     use alkblobs::{Backend, Key};
     use bytes::Bytes;
-    for durability in [Durability::Durable, Durability::Relaxed] {
+    for (durability, named) in [
+        (Durability::Durable, false),
+        (Durability::Relaxed, false),
+        (Durability::Durable, true),
+        (Durability::Relaxed, true),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let e = LocalBackend::open(
             dir.path().join("large"),
-            LocalOptions::default().durability(durability),
+            LocalOptions::default()
+                .durability(durability)
+                .named_staging(named),
         )
         .await
         .unwrap();

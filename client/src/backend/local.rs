@@ -8,14 +8,33 @@
 //!
 //! ```text
 //! <root>/alkblobs.lock              instance lock (writable opens)
-//! <root>/staging/<random>.part      writes in progress, invisible to readers
+//! <root>/staging/<random>.part      named staging files (shared media, or
+//!                                   where unnamed files are unsupported)
 //! <root>/blobs/ab/ab…(64 hex)       committed blobs, read-only (0444), immutable
 //! ```
 //!
 //! # Publishing a blob
 //!
-//! Bytes go to a fresh staging file on the same filesystem, which its writer
-//! holds `flock`ed while writing. At commit, if the key is already present
+//! Where the filesystem offers them (ext4, XFS, btrfs, tmpfs: probed at
+//! open) and the root is not shared media, bytes go to an **unnamed** file,
+//! `open(staging, O_TMPFILE)`, created read-only (0444; its writer's
+//! descriptor stays writable). It has no name until commit, so readers and
+//! other writers cannot see it and a killed writer leaves nothing behind:
+//! the kernel frees it (after a power cut, the filesystem's orphan list
+//! does). At commit, if the key is already present the file is dropped;
+//! otherwise it is `fsync`ed (durable mode) and given its sharded name with
+//! `linkat("/proc/self/fd/N", target, AT_SYMLINK_FOLLOW)`, which fails
+//! with `EEXIST` rather than replace a committed blob, so a second writer of
+//! the same key reports [`PutOutcome::Existed`]; then the shard directory is
+//! `fsync`ed. Against a named staging file this saves its creation in the
+//! one directory every put shares, the `flock`, the `chmod`, and a
+//! cross-directory rename (which serialises on the filesystem's rename
+//! lock); `docs/design.md` ("local") has the measurement.
+//!
+//! Otherwise (shared media, [`LocalOptions::named_staging`], or no
+//! `O_TMPFILE`), bytes go to a fresh named staging file on the same
+//! filesystem, which its writer holds `flock`ed while writing. At commit,
+//! if the key is already present
 //! the staging file is simply discarded (no fsync is paid for a dedup hit);
 //! otherwise the file is `fsync`ed, closed
 //! (the close's error is checked: on NFS it reports write-back failures),
@@ -32,7 +51,8 @@
 //!
 //! # Recovery
 //!
-//! A killed writer leaves a staging file and nothing visible. Another
+//! A killed writer of an unnamed file leaves nothing at all. A killed
+//! writer of a named one leaves a staging file and nothing visible. Another
 //! process may be writing into the same root right now (shared media), so a
 //! staging file is removed only when provably abandoned: nobody holds its
 //! lock **and** it has not been modified for [`LocalOptions::staging_grace`].
@@ -79,6 +99,11 @@ pub struct LocalOptions {
     /// cross-node file lock is relied on) and the engine reports
     /// [`Sharing::Shared`], so only the fleet arbiter may sweep it.
     pub shared_media: bool,
+    /// Stage writes in named files under `staging/` even where the
+    /// filesystem offers unnamed ones (`O_TMPFILE`). Shared media always
+    /// use named staging files: the same protocol on every node's mount,
+    /// whatever it supports.
+    pub named_staging: bool,
 }
 
 impl LocalOptions {
@@ -107,6 +132,12 @@ impl LocalOptions {
         self.staging_grace = grace;
         self
     }
+
+    /// Forces named staging files (see [`LocalOptions::named_staging`]).
+    pub fn named_staging(mut self, yes: bool) -> Self {
+        self.named_staging = yes;
+        self
+    }
 }
 
 impl Default for LocalOptions {
@@ -116,6 +147,7 @@ impl Default for LocalOptions {
             mode: OpenMode::Write,
             staging_grace: Duration::from_secs(15 * 60),
             shared_media: false,
+            named_staging: false,
         }
     }
 }
@@ -160,6 +192,8 @@ struct Inner {
     staging: PathBuf,
     display: String,
     opts: LocalOptions,
+    /// Writes go to unnamed files (`O_TMPFILE`); decided at open.
+    unnamed: bool,
     /// The instance lock; taken out (released) by `close`.
     lock: std::sync::Mutex<Option<InstanceLock>>,
     /// Set by `close` (on shared media, where there is no lock to release).
@@ -201,8 +235,24 @@ impl Inner {
         }
     }
 
-    /// Creates a locked staging file.
-    fn new_staging(&self) -> Result<(File, PathBuf)> {
+    /// Creates a staging file: unnamed where the open decided so (the path
+    /// is then `None`), else named and locked.
+    fn new_staging(&self) -> Result<(File, Option<PathBuf>)> {
+        if self.unnamed {
+            let file = open_unnamed(&self.staging).map_err(|source| {
+                self.err(LocalError::UnableToCreateStaging {
+                    path: self.staging.clone(),
+                    source,
+                })
+            })?;
+            return Ok((file, None));
+        }
+        let (file, path) = self.new_named_staging()?;
+        Ok((file, Some(path)))
+    }
+
+    /// Creates a locked, named staging file.
+    fn new_named_staging(&self) -> Result<(File, PathBuf)> {
         let name = format!(
             "{:016x}{:016x}.part",
             rand::random::<u64>(),
@@ -260,7 +310,10 @@ impl Inner {
     }
 
     /// Syncs, closes and publishes a staging file under `key` (blocking).
-    fn commit_staged(&self, file: File, staging: &Path, key: &Key) -> Result<PutOutcome> {
+    fn commit_staged(&self, file: File, staging: Option<&Path>, key: &Key) -> Result<PutOutcome> {
+        let Some(staging) = staging else {
+            return self.commit_unnamed(file, key);
+        };
         let mut renamed = false;
         let result = self.commit_inner(file, staging, key, &mut renamed);
         // Whatever happened, the staging name must not outlive the commit.
@@ -338,6 +391,49 @@ impl Inner {
         Ok(outcome)
     }
 
+    /// Publishes an unnamed staging file under `key` (blocking): sync, link
+    /// (never over an existing name), sync the shard directory. The file
+    /// was created read-only, and on the local filesystems that offer
+    /// unnamed files `close` reports nothing `fsync` did not.
+    fn commit_unnamed(&self, file: File, key: &Key) -> Result<PutOutcome> {
+        let target = self.path_of(key);
+        // A dedup hit pays no fsync: the unnamed file is simply dropped.
+        if target.exists() {
+            return Ok(PutOutcome::Existed);
+        }
+        if self.durable() {
+            file.sync_all().map_err(|source| {
+                self.err(LocalError::UnableToSync {
+                    path: self.staging.clone(),
+                    source,
+                })
+            })?;
+        }
+        let leaf = target.parent().expect("sharded paths have parents");
+        let mut linked = link_unnamed(&file, &target);
+        if matches!(&linked, Err(e) if e.kind() == io::ErrorKind::NotFound) && !leaf.is_dir() {
+            // Shards are created at open; this recreates one an operator
+            // removed.
+            self.ensure_dir(leaf)?;
+            linked = link_unnamed(&file, &target);
+        }
+        let created = linked.map_err(|source| {
+            self.err(LocalError::UnableToPublishStaged {
+                from: self.staging.clone(),
+                to: target.clone(),
+                source,
+            })
+        })?;
+        drop(file);
+        if !created {
+            return Ok(PutOutcome::Existed);
+        }
+        if self.durable() {
+            self.sync_dir(leaf)?;
+        }
+        Ok(PutOutcome::Created)
+    }
+
     /// Publishes with `link` (exclusive) where `RENAME_NOREPLACE` is missing.
     fn publish_by_link(&self, staging: &Path, target: &Path) -> io::Result<PutOutcome> {
         Ok(match fs::hard_link(staging, target) {
@@ -399,6 +495,61 @@ impl Inner {
         }
         Ok(reclaimed)
     }
+}
+
+/// Opens an unnamed, read-only (0444) file in `dir` for writing
+/// (`O_TMPFILE`).
+fn open_unnamed(dir: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .write(true)
+        .mode(0o444)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+}
+
+/// Gives an unnamed file the name `to` through its `/proc/self/fd` link:
+/// `Ok(true)` if linked, `Ok(false)` if `to` exists (nothing changed).
+fn link_unnamed(file: &File, to: &Path) -> io::Result<bool> {
+    use std::ffi::CString;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let to = CString::new(to.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: both pointers are valid NUL-terminated strings for the call.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EEXIST) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Whether unnamed staging works in `dir`: create one, name it, remove the
+/// name. Any failure (no `O_TMPFILE`, no `/proc`) means named staging.
+fn unnamed_staging_works(dir: &Path) -> bool {
+    let probe = dir.join(format!("{:016x}.probe", rand::random::<u64>()));
+    let works = open_unnamed(dir)
+        .and_then(|f| link_unnamed(&f, &probe))
+        .unwrap_or(false);
+    if works {
+        let _ = fs::remove_file(&probe);
+    }
+    works
 }
 
 /// `renameat2(from, to, RENAME_NOREPLACE)`: `Ok(true)` if renamed,
@@ -516,6 +667,7 @@ impl LocalBackend {
             staging,
             display,
             opts,
+            unnamed: false,
             lock: std::sync::Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
         };
@@ -552,10 +704,18 @@ impl LocalBackend {
                 inner.sync_dir(&inner.blobs)?;
             }
             // Prove the staging area is writable now rather than at the
-            // first put.
-            let (probe, path) = inner.new_staging()?;
-            drop(probe);
-            let _ = fs::remove_file(path);
+            // first put, and choose unnamed staging files where they work.
+            inner.unnamed = !inner.opts.shared_media
+                && !inner.opts.named_staging
+                && unnamed_staging_works(&inner.staging);
+            if !inner.unnamed {
+                let (probe, path) = inner.new_named_staging()?;
+                drop(probe);
+                let _ = fs::remove_file(path);
+            }
+            tracing::debug!(root = %inner.root.display(), unnamed = inner.unnamed, "staging");
+            // Named staging files a killed writer left (this or an earlier
+            // open's mode).
             inner.reclaim()?;
         }
         Ok(LocalBackend {
@@ -640,13 +800,15 @@ impl Backend for LocalBackend {
             }
             let (mut file, staging) = inner.new_staging()?;
             if let Err(source) = file.write_all(&value) {
-                let _ = fs::remove_file(&staging);
+                if let Some(path) = &staging {
+                    let _ = fs::remove_file(path);
+                }
                 return Err(inner.err(LocalError::UnableToWriteStaging {
-                    path: staging,
+                    path: staging.unwrap_or_else(|| inner.staging.clone()),
                     source,
                 }));
             }
-            inner.commit_staged(file, &staging, &key)
+            inner.commit_staged(file, staging.as_deref(), &key)
         })
         .await
     }
@@ -813,7 +975,8 @@ impl LargeBackend for LocalBackend {
 struct LocalWrite {
     inner: Arc<Inner>,
     file: Option<File>,
-    path: PathBuf,
+    /// The named staging file's path; `None` for an unnamed one.
+    path: Option<PathBuf>,
     written: u64,
     done: bool,
 }
@@ -821,9 +984,17 @@ struct LocalWrite {
 impl LocalWrite {
     fn lost(&self) -> Error {
         self.inner.err(LocalError::UnableToWriteStaging {
-            path: self.path.clone(),
+            path: self.shown_path(),
             source: io::Error::other("an earlier write failed or was cancelled"),
         })
+    }
+
+    /// The path an error names: the staging file, or for an unnamed one
+    /// the directory it lives in.
+    fn shown_path(&self) -> PathBuf {
+        self.path
+            .clone()
+            .unwrap_or_else(|| self.inner.staging.clone())
     }
 }
 
@@ -840,7 +1011,7 @@ impl StagedWrite for LocalWrite {
         .map_err(|e| Error::engine(&self.inner.display, format!("blocking task failed: {e}")))?;
         r.map_err(|source| {
             self.inner.err(LocalError::UnableToWriteStaging {
-                path: self.path.clone(),
+                path: self.shown_path(),
                 source,
             })
         })?;
@@ -860,7 +1031,7 @@ impl StagedWrite for LocalWrite {
         let path = self.path.clone();
         let key = *key;
         blocking(&self.inner.display, move || {
-            inner.commit_staged(file, &path, &key)
+            inner.commit_staged(file, path.as_deref(), &key)
         })
         .await
     }
@@ -868,8 +1039,9 @@ impl StagedWrite for LocalWrite {
     async fn abort(mut self: Box<Self>) -> Result<()> {
         self.file = None;
         self.done = true;
-        let path = self.path.clone();
-        let _ = tokio::fs::remove_file(&path).await;
+        if let Some(path) = self.path.clone() {
+            let _ = tokio::fs::remove_file(&path).await;
+        }
         Ok(())
     }
 }
@@ -880,7 +1052,9 @@ impl Drop for LocalWrite {
             // Abandoned mid-write (error or cancellation): nothing was
             // published; remove the staging file now rather than at reclaim.
             self.file = None;
-            let _ = fs::remove_file(&self.path);
+            if let Some(path) = &self.path {
+                let _ = fs::remove_file(path);
+            }
         }
     }
 }

@@ -2,6 +2,8 @@
 //!
 //! - `slow-put DIR`: opens the embedded store in DIR and streams an endless
 //!   large put, one chunk every 20 ms, printing `writing` once started.
+//! - `slow-put-named DIR`: `slow-put` with the large tier's writes staged
+//!   in named files (`LocalOptions::named_staging`).
 //! - `crash-puts DIR`: puts blobs of mixed sizes in a loop, printing each
 //!   key once its put returned (so the parent knows it is durable).
 //! - `hold-sqlite-lock DB`: takes SQLite's exclusive write lock on DB with a
@@ -73,6 +75,26 @@ async fn main() {
     match args.get(1).map(String::as_str) {
         Some("slow-put") => {
             let store = Store::open_dir(&args[2]).await.expect("open");
+            let _ = store.put_reader(Slow { sleep: None, n: 0 }).await;
+        }
+        Some("slow-put-named") => {
+            use alkblobs::backend::local::{LocalBackend, LocalOptions};
+            use alkblobs::backend::sqlite::{SqliteBackend, SqliteOptions};
+            let dir = std::path::Path::new(&args[2]);
+            let kv = SqliteBackend::open(dir.join("index.sqlite"), SqliteOptions::default())
+                .await
+                .expect("open sqlite");
+            let large = LocalBackend::open(
+                dir.join("large"),
+                LocalOptions::default().named_staging(true),
+            )
+            .await
+            .expect("open local");
+            let store = Store::builder()
+                .sqlite(kv)
+                .large(large)
+                .build()
+                .expect("build");
             let _ = store.put_reader(Slow { sleep: None, n: 0 }).await;
         }
         Some("crash-puts") => {
