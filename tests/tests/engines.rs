@@ -91,6 +91,11 @@ large_backend_suite!(local_named_staging, LARGE, async {
 async fn a_removed_shard_directory_is_recreated_by_a_put() {
     use alkblobs::{Backend, Key};
     use bytes::Bytes;
+    // A hardened service's umask: published blobs are still exactly 0444.
+    // (Process-wide for the test's duration; other tests in this binary
+    // only create files they own.)
+    // SAFETY: `umask` has no memory-safety preconditions.
+    let umask = unsafe { libc::umask(0o077) };
     for (durability, named) in [
         (Durability::Durable, false),
         (Durability::Relaxed, false),
@@ -117,6 +122,14 @@ async fn a_removed_shard_directory_is_recreated_by_a_put() {
         );
         assert!(shard.is_dir());
         assert_eq!(e.get(&k).await.unwrap(), Some(v), "{durability:?}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(e.path_of(&k))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o444, "{durability:?} named={named}");
         e.close().await.unwrap();
     }
+    // SAFETY: as above.
+    unsafe { libc::umask(umask) };
 }

@@ -23,7 +23,7 @@
 //! the kernel frees it (after a power cut, the filesystem's orphan list
 //! does). At commit, if the key is already present the file is dropped;
 //! otherwise it is `fsync`ed (durable mode) and given its sharded name with
-//! `linkat("/proc/self/fd/N", target, AT_SYMLINK_FOLLOW)`, which fails
+//! `linkat("/proc/thread-self/fd/N", target, AT_SYMLINK_FOLLOW)`, which fails
 //! with `EEXIST` rather than replace a committed blob, so a second writer of
 //! the same key reports [`PutOutcome::Existed`]; then the shard directory is
 //! `fsync`ed. Against a named staging file this saves its creation in the
@@ -501,20 +501,25 @@ impl Inner {
 /// (`O_TMPFILE`).
 fn open_unnamed(dir: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .mode(0o444)
         .custom_flags(libc::O_TMPFILE)
-        .open(dir)
+        .open(dir)?;
+    // The umask applied to the mode (a service's 027 would make it 0440):
+    // set it exactly, as the named path does.
+    file.set_permissions(fs::Permissions::from_mode(0o444))?;
+    Ok(file)
 }
 
-/// Gives an unnamed file the name `to` through its `/proc/self/fd` link:
+/// Gives an unnamed file the name `to` through its `/proc/thread-self/fd`
+/// link (this thread's descriptor table, whatever other threads share):
 /// `Ok(true)` if linked, `Ok(false)` if `to` exists (nothing changed).
 fn link_unnamed(file: &File, to: &Path) -> io::Result<bool> {
     use std::ffi::CString;
     use std::os::fd::AsRawFd;
     use std::os::unix::ffi::OsStrExt;
-    let from = CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+    let from = CString::new(format!("/proc/thread-self/fd/{}", file.as_raw_fd()))
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let to = CString::new(to.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -539,9 +544,32 @@ fn link_unnamed(file: &File, to: &Path) -> io::Result<bool> {
     }
 }
 
-/// Whether unnamed staging works in `dir`: create one, name it, remove the
-/// name. Any failure (no `O_TMPFILE`, no `/proc`) means named staging.
+/// Whether unnamed staging works in `dir`: a local filesystem known to
+/// support it (on FUSE and network mounts `close` may report write-back
+/// errors, which an unnamed file is never closed in time to see), and a
+/// probe that creates one, names it and removes the name. Any failure (no
+/// `O_TMPFILE`, no `/proc`) means named staging.
 fn unnamed_staging_works(dir: &Path) -> bool {
+    const EXT4: i64 = 0xEF53;
+    const XFS: i64 = 0x5846_5342;
+    const BTRFS: i64 = 0x9123_683E;
+    const TMPFS: i64 = 0x0102_1994;
+    let local = {
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+            return false;
+        };
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `c` is a valid NUL-terminated path and `st` a valid
+        // out-pointer for the call.
+        let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+        #[allow(clippy::unnecessary_cast)] // `f_type`'s width varies by target
+        let known = matches!(st.f_type as i64, EXT4 | XFS | BTRFS | TMPFS);
+        rc == 0 && known
+    };
+    if !local {
+        return false;
+    }
     let probe = dir.join(format!("{:016x}.probe", rand::random::<u64>()));
     let works = open_unnamed(dir)
         .and_then(|f| link_unnamed(&f, &probe))
