@@ -516,13 +516,12 @@ fn open_unnamed(dir: &Path) -> io::Result<File> {
 /// link (this thread's descriptor table, whatever other threads share):
 /// `Ok(true)` if linked, `Ok(false)` if `to` exists (nothing changed).
 fn link_unnamed(file: &File, to: &Path) -> io::Result<bool> {
-    use std::ffi::CString;
     use std::os::fd::AsRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let from = CString::new(format!("/proc/thread-self/fd/{}", file.as_raw_fd()))
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let to = CString::new(to.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let from = c_path(Path::new(&format!(
+        "/proc/thread-self/fd/{}",
+        file.as_raw_fd()
+    )))?;
+    let to = c_path(to)?;
     // SAFETY: both pointers are valid NUL-terminated strings for the call.
     let rc = unsafe {
         libc::linkat(
@@ -533,6 +532,19 @@ fn link_unnamed(file: &File, to: &Path) -> io::Result<bool> {
             libc::AT_SYMLINK_FOLLOW,
         )
     };
+    made_unless_exists(rc)
+}
+
+/// A path as the C string a system call takes.
+fn c_path(p: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// The result of a system call that makes a name without replacing one:
+/// `Ok(true)` made, `Ok(false)` the name exists (`EEXIST`), `Err` otherwise.
+fn made_unless_exists(rc: libc::c_int) -> io::Result<bool> {
     if rc == 0 {
         return Ok(true);
     }
@@ -555,8 +567,7 @@ fn unnamed_staging_works(dir: &Path) -> bool {
     const BTRFS: i64 = 0x9123_683E;
     const TMPFS: i64 = 0x0102_1994;
     let local = {
-        use std::os::unix::ffi::OsStrExt;
-        let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        let Ok(c) = c_path(dir) else {
             return false;
         };
         let mut st: libc::statfs = unsafe { std::mem::zeroed() };
@@ -584,13 +595,7 @@ fn unnamed_staging_works(dir: &Path) -> bool {
 /// `Ok(false)` if `to` exists (nothing changed), `Err` otherwise (EINVAL or
 /// ENOSYS where the filesystem or kernel lacks the flag).
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<bool> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let cstr = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-    };
-    let (f, t) = (cstr(from)?, cstr(to)?);
+    let (f, t) = (c_path(from)?, c_path(to)?);
     // SAFETY: both pointers are valid NUL-terminated strings for the call.
     let rc = unsafe {
         libc::renameat2(
@@ -601,15 +606,7 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<bool> {
             libc::RENAME_NOREPLACE,
         )
     };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EEXIST) {
-        Ok(false)
-    } else {
-        Err(e)
-    }
+    made_unless_exists(rc)
 }
 
 /// Closes `file`, reporting the error `close(2)` returns (which `Drop`
