@@ -11,7 +11,11 @@
 # PostgreSQL refuses to run as root, so as root the cluster belongs to the
 # `postgres` user. It listens on 127.0.0.1:$ALKBLOBS_PG_PORT (default 54329)
 # and a private socket directory, with trust auth on loopback only.
+# ALKBLOBS_PG_PRELOAD=0 makes a cluster configured as a server nobody
+# reconfigured: no shared_preload_libraries, no alkblobs.* settings (the
+# test command runs one beside the preloading cluster, on port 54330).
 set -euo pipefail
+preload=${ALKBLOBS_PG_PRELOAD:-1}
 port=${ALKBLOBS_PG_PORT:-54329}
 base=${ALKBLOBS_PG_DIR:-/tmp/alkblobs-pg-$port}
 bindir=$(/usr/lib/postgresql/15/bin/pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
@@ -60,6 +64,9 @@ fsync = on
 max_connections = 100
 max_locks_per_transaction = 64
 log_min_messages = warning
+CONF
+        if [ "$preload" != 0 ]; then
+            cat >> "$data/postgresql.conf" <<CONF
 # The extension's sweep scheduler (issue 12): a background worker for the
 # test database, looking for due pools every 250 ms, and one for a
 # database without the extension (alkblobs_noext: it must never call into
@@ -68,6 +75,7 @@ shared_preload_libraries = 'alkblobs'
 alkblobs.scheduler_databases = '$db, alkblobs_noext'
 alkblobs.scheduler_naptime = 250
 CONF
+        fi
         # Trust on loopback and the private socket only.
         cat > "$data/pg_hba.conf" <<HBA
 local all all trust

@@ -8,8 +8,13 @@
 #   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
 #      runs the golden SQL tests (scripts/regress.sh), the PostgreSQL race,
 #      protocol, hardening and audit suites and the engine conformance
-#      suites over real connections, then the engine suites again through a
-#      transaction-mode pgbouncer (scripts/pgbouncer.sh), and stops both.
+#      suites over real connections;
+#   5. starts a second cluster configured as a server nobody reconfigured
+#      (no shared_preload_libraries): a pg_dump of busy pools restored into
+#      it from the first, then CREATE EXTENSION and the engine and fleet
+#      suites there;
+#   6. the engine suites again through a transaction-mode pgbouncer
+#      (scripts/pgbouncer.sh), and stops everything.
 # Exits non-zero if anything fails. A PostgreSQL test that cannot reach its
 # server fails; none skips.
 set -euo pipefail
@@ -55,6 +60,16 @@ scripts/regress.sh
 step "PostgreSQL race, protocol, hardening and engine suites"
 ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_pg
+
+step "a second cluster, configured as nobody reconfigured it (no shared_preload_libraries): restores into it, CREATE EXTENSION, the engine and fleet suites"
+other_pg() { ALKBLOBS_PG_PRELOAD=0 ALKBLOBS_PG_PORT=54330 scripts/pg-cluster.sh "$@"; }
+trap 'other_pg stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+other_pg stop >/dev/null 2>&1 || true
+other=$(other_pg start)
+# First, while its transaction counter is far behind the first cluster's.
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_URL_OTHER="$other" cargo test -p alkblobs-tests --features pg --test pg_restore
+ALKBLOBS_PG_URL="$other" ALKBLOBS_PG_CA=$(other_pg ca) cargo test -p alkblobs-tests --features pg --test pg_default_server --test pg_engines --test pg_fleet
+other_pg stop
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"
 trap 'scripts/pgbouncer.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT

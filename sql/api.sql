@@ -579,6 +579,25 @@ BEGIN
     RETURN 'on';
 END $$;
 
+-- Why scheduling is 'off' in this database, or NULL when a scheduler
+-- serves it (for alkblobs_health's reasons and the notices).
+CREATE FUNCTION alkblobs.scheduler_off_reason() RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    dbs text := current_setting('alkblobs.scheduler_databases', true);
+BEGIN
+    IF NOT alkblobs.scheduler_preloaded() THEN
+        RETURN 'the alkblobs library is not in shared_preload_libraries';
+    ELSIF NOT EXISTS (SELECT 1 FROM pg_catalog.regexp_split_to_table(coalesce(dbs, ''), ',') d
+                       WHERE pg_catalog.btrim(d) OPERATOR(pg_catalog.=) current_database()) THEN
+        RETURN format('database "%s" is not in alkblobs.scheduler_databases', current_database());
+    ELSIF alkblobs.scheduler_state() = 'off' THEN
+        RETURN 'its background worker is not running (see the server log)';
+    END IF;
+    RETURN NULL;
+END $$;
+
 -- The notice a pool with a schedule gets when nothing will run it.
 CREATE FUNCTION alkblobs.notice_if_unscheduled(pool_name text, every interval) RETURNS void
 LANGUAGE plpgsql
@@ -587,8 +606,9 @@ DECLARE
     st text := alkblobs.scheduler_state();
 BEGIN
     IF every IS NOT NULL AND st <> 'on' THEN
-        RAISE NOTICE 'alkblobs pool "%" has sweep_every = %, but scheduling is % in database "%": nothing sweeps it until a node or an operator does',
-                     pool_name, every, st, current_database()
+        RAISE NOTICE 'alkblobs pool "%" has sweep_every = %, but scheduling is % in database "%"%: nothing sweeps it until a node or an operator does',
+                     pool_name, every, st, current_database(),
+                     coalesce(' (' || CASE WHEN st = 'off' THEN alkblobs.scheduler_off_reason() END || ')', '')
             USING HINT = CASE WHEN st = 'paused' THEN 'alkblobs.scheduler_enabled is off; turn it on and reload (SELECT pg_reload_conf()).'
                          ELSE 'Add alkblobs to shared_preload_libraries and this database to alkblobs.scheduler_databases, then restart the server; or schedule CALL alkblobs_sweep_all(pool) with pg_cron (docs/operations.md, "Scheduled sweeps").' END;
     END IF;
@@ -1115,7 +1135,8 @@ END $$;
 -- Returns, per position, whether it created the entry (a key repeated in
 -- the batch is created at its first position at most). Entries are
 -- inserted in key order; present ones are locked FOR KEY SHARE (waiting
--- out an executor deciding them), and one deleted meanwhile is put afresh.
+-- out an executor deciding them), and if one was deleted meanwhile the
+-- batch is put again from the start, so every lock is taken in key order.
 CREATE FUNCTION @extschema@.alkblobs_put_many(pool text, keys bytea[], vals bytea[], owner text)
 RETURNS boolean[]
 LANGUAGE plpgsql SECURITY DEFINER
@@ -1130,6 +1151,7 @@ DECLARE
     i integer;
     fast boolean := true;
     hint text;
+    retries integer := 0;
 BEGIN
     -- alkblobs.may's rules for 'write', inline (as in alkblobs_put).
     SELECT * INTO pl FROM alkblobs.pools p WHERE p.name = $1
@@ -1198,47 +1220,68 @@ BEGIN
            AND e.key = ANY (ARRAY(SELECT $2[1 + (j * (n - 1)) / 7] FROM generate_series(0, 7) j))) THEN
         fast := false;
     END IF;
-    IF fast THEN
+    -- One pass over the batch in key order, in one subtransaction: the
+    -- insert (plain, or ON CONFLICT DO NOTHING), then FOR KEY SHARE on
+    -- the keys found present, also in key order. A present key that an
+    -- executor deleted while this call waited for its lock is not re-put
+    -- after the others (out of key order, that insert can wait for a
+    -- concurrent batch that waits for a key this one holds: a deadlock):
+    -- the pass is rolled back, which releases everything it took, and run
+    -- again, and the deleted key is now a new one. Each retry follows a
+    -- deletion of one of the batch's keys, so it ends; after 100 the call
+    -- gives up with a serialization failure (40001, retryable).
+    LOOP
         BEGIN
-            INSERT INTO alkblobs.entries (pool, key, size, tier, value)
-            SELECT pl.id, u.k, length(u.v), 'kv', u.v FROM unnest($2, $3) u(k, v)
-             ORDER BY u.k;
-            created := $2;
-        EXCEPTION WHEN unique_violation THEN
-            fast := false;
-            PERFORM pg_catalog.set_config('alkblobs_hint.put_many_skip', '16', false);
-        END;
-    END IF;
-    IF NOT fast THEN
-        WITH ins AS (
-            INSERT INTO alkblobs.entries (pool, key, size, tier, value)
-            SELECT pl.id, u.k, length(u.v), 'kv', u.v FROM unnest($2, $3) u(k, v)
-             ORDER BY u.k  -- a key repeated in the batch conflicts with its first copy
-            ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING
-            RETURNING key)
-        SELECT coalesce(array_agg(ins.key), '{}') INTO created FROM ins;
-    END IF;
-    IF cardinality(created) < n THEN
-        others := ARRAY(SELECT unnest($2) EXCEPT SELECT unnest(created) ORDER BY 1);
-    ELSE
-        others := '{}';  -- every key created: no duplicates, nothing present
-    END IF;
-    IF cardinality(others) > 0 THEN
-        -- Present: DO NOTHING did not wait for an executor deleting them;
-        -- this lock does, and finds only what survived.
-        SELECT coalesce(array_agg(x.key), '{}') INTO present FROM (
-            SELECT e.key FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = ANY(others)
-             ORDER BY e.key FOR KEY SHARE) x;
-        -- A re-put restarts the window.
-        DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(present);
-        -- Deleted while we waited: put afresh, one by one (rare).
-        FOR i IN SELECT min(u.i) FROM unnest($2) WITH ORDINALITY u(k, i)
-                  JOIN (SELECT unnest(others) EXCEPT SELECT unnest(present)) g(k) ON g.k = u.k
-                  GROUP BY u.k ORDER BY 1 LOOP
-            IF @extschema@.alkblobs_put($1, $2[i], $3[i], $4) THEN
-                created := created || $2[i];
+            IF fast THEN
+                INSERT INTO alkblobs.entries (pool, key, size, tier, value)
+                SELECT pl.id, u.k, length(u.v), 'kv', u.v FROM unnest($2, $3) u(k, v)
+                 ORDER BY u.k;
+                created := $2;
+            ELSE
+                WITH ins AS (
+                    INSERT INTO alkblobs.entries (pool, key, size, tier, value)
+                    SELECT pl.id, u.k, length(u.v), 'kv', u.v FROM unnest($2, $3) u(k, v)
+                     ORDER BY u.k  -- a key repeated in the batch conflicts with its first copy
+                    ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING
+                    RETURNING key)
+                SELECT coalesce(array_agg(ins.key), '{}') INTO created FROM ins;
             END IF;
-        END LOOP;
+            IF cardinality(created) < n THEN
+                others := ARRAY(SELECT unnest($2) EXCEPT SELECT unnest(created) ORDER BY 1);
+            ELSE
+                others := '{}';  -- every key created: no duplicates, nothing present
+            END IF;
+            present := '{}';
+            IF cardinality(others) > 0 THEN
+                -- Present: DO NOTHING did not wait for an executor deleting
+                -- them; this lock does, and finds only what survived.
+                SELECT coalesce(array_agg(x.key), '{}') INTO present FROM (
+                    SELECT e.key FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = ANY(others)
+                     ORDER BY e.key FOR KEY SHARE) x;
+                IF cardinality(present) < cardinality(others) THEN
+                    RAISE EXCEPTION 'a key was deleted under the batch' USING ERRCODE = 'AB090';  -- run the pass again
+                END IF;
+            END IF;
+            EXIT;
+        EXCEPTION
+            WHEN unique_violation THEN
+                IF NOT fast THEN
+                    RAISE;
+                END IF;
+                fast := false;
+                PERFORM pg_catalog.set_config('alkblobs_hint.put_many_skip', '16', false);
+            WHEN SQLSTATE 'AB090' THEN
+                retries := retries + 1;
+                IF retries >= 100 THEN
+                    RAISE EXCEPTION 'alkblobs_put_many: keys of this batch were deleted under it 100 times in a row'
+                        USING ERRCODE = 'serialization_failure', HINT = 'Nothing was stored; retry the call.';
+                END IF;
+                fast := false;
+        END;
+    END LOOP;
+    -- A re-put restarts the window.
+    IF cardinality(present) > 0 THEN
+        DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(present);
     END IF;
     -- In a local-tier pool a new entry may replace a staged file of the
     -- same key: a put restarts its window.
@@ -1249,6 +1292,7 @@ BEGIN
         INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
         SELECT pl.id, u.k, alkblobs.caller(), $4, clock_timestamp() + pl.pin_ttl
           FROM (SELECT DISTINCT unnest($2)) u(k)
+         ORDER BY u.k  -- pin rows locked in key order, as the entries
         ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
     END IF;
     IF cardinality(created) = n THEN
@@ -1463,6 +1507,22 @@ DECLARE
 BEGIN
     INSERT INTO alkblobs.uploads (loid, pool, xact, role) VALUES (o, pl.id, pg_catalog.pg_current_xact_id(), alkblobs.caller());
     RETURN o;
+END $$;
+
+-- Whether the transaction of an upload row is still running, i.e. the
+-- upload is not abandoned. A row restored from another cluster's dump
+-- carries that cluster's transaction id: pg_xact_status raises 22023 for
+-- one this cluster has not reached yet, and answers NULL for one older
+-- than its commit log; both are abandoned (the upload's transaction ended
+-- in the cluster it ran in). (One that is an unrelated transaction here
+-- and still running only delays the upload's reaping until it ends.)
+CREATE FUNCTION alkblobs.upload_running(x xid8) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN coalesce(pg_catalog.pg_xact_status(x) OPERATOR(pg_catalog.=) 'in progress', false);
+EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN false;  -- "transaction ID … is in the future": another cluster's
 END $$;
 
 -- The upload `o` if it belongs to this transaction and the caller's role.
@@ -2226,7 +2286,7 @@ BEGIN
         -- Abandoned uploads: their transaction ended without lo_commit.
         FOR r IN DELETE FROM alkblobs.uploads u WHERE u.loid IN (
                      SELECT x.loid FROM alkblobs.uploads x
-                      WHERE x.pool = pl.id AND pg_catalog.pg_xact_status(x.xact) IS DISTINCT FROM 'in progress'
+                      WHERE x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)
                       ORDER BY x.loid LIMIT v_max FOR UPDATE SKIP LOCKED)
                  RETURNING u.loid LOOP
             uploads_reaped := uploads_reaped + 1;
@@ -2724,7 +2784,7 @@ BEGIN
         SELECT count(*), coalesce(sum(alkblobs.lo_size(u.loid)), 0), count(*) FILTER (WHERE u.started_at + warn_after <= now_ts)
           INTO abandoned_uploads, abandoned_upload_bytes, old_uploads
           FROM (SELECT u0.loid, u0.started_at FROM alkblobs.uploads u0
-                 WHERE u0.pool = pl.id AND pg_catalog.pg_xact_status(u0.xact) IS DISTINCT FROM 'in progress'
+                 WHERE u0.pool = pl.id AND NOT alkblobs.upload_running(u0.xact)
                  LIMIT 10000) u;
         invalid_sources := 0;
         why := '{}';
@@ -2751,7 +2811,8 @@ BEGIN
                 why := why || format('the last sweep (%s) %s', last_row.started, last_outcome);
             END IF;
             IF pl.sweep_every IS NOT NULL AND sched <> 'on' THEN
-                why := why || format('sweep_every is %s but scheduling is %s in this database', pl.sweep_every, sched);
+                why := why || format('sweep_every is %s but scheduling is %s in this database%s', pl.sweep_every, sched,
+                                     coalesce(': ' || CASE WHEN sched = 'off' THEN alkblobs.scheduler_off_reason() END, ''));
             END IF;
         END IF;
         IF overdue_staged > 0 THEN
@@ -2776,8 +2837,11 @@ END $$;
 -- between calls so that every transaction stays bounded. Use with CALL
 -- outside a transaction block.
 -- (No SET clause: a procedure with one cannot COMMIT. It is not SECURITY
--- DEFINER and names everything schema-qualified, so search_path cannot
--- redirect it.)
+-- DEFINER, and it runs as whoever calls it, a superuser too, under the
+-- caller's search_path: so every function it calls and every operator it
+-- uses is schema-qualified, OPERATOR(pg_catalog.+) and all, and a schema
+-- placed before pg_catalog cannot redirect any of it. pg_hardening checks
+-- that this is the only routine without a pinned search_path.)
 CREATE PROCEDURE @extschema@.alkblobs_sweep_all(pool text, max_unlinks integer DEFAULT 1000)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2789,22 +2853,22 @@ BEGIN
     IF $1 IS NULL OR $2 IS NULL THEN
         RAISE EXCEPTION 'pool and max_unlinks must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF $2 < 1 THEN
+    IF $2 OPERATOR(pg_catalog.<) 1 THEN
         RAISE EXCEPTION 'max_unlinks must be at least 1 for alkblobs_sweep_all, got %', $2
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Call alkblobs_sweep(pool, max_unlinks => 0) for a sweep that unlinks nothing.';
     END IF;
     LOOP
         SELECT * INTO r FROM @extschema@.alkblobs_sweep($1, false, $2, marking);
-        calls := calls + 1;
+        calls := calls OPERATOR(pg_catalog.+) 1;
         IF r.aborted IS NOT NULL THEN
             RAISE NOTICE 'sweep of pool "%" aborted: %', $1, r.aborted;
             EXIT;
         END IF;
-        total_deleted := total_deleted + r.deleted;
+        total_deleted := total_deleted OPERATOR(pg_catalog.+) r.deleted;
         marking := marking AND NOT r.mark_done;
         COMMIT;
-        EXIT WHEN NOT marking AND (r.remaining = 0 OR r.executed = 0);
+        EXIT WHEN NOT marking AND (r.remaining OPERATOR(pg_catalog.=) 0 OR r.executed OPERATOR(pg_catalog.=) 0);
     END LOOP;
     RAISE NOTICE 'pool "%": % call(s), % entries deleted', $1, calls, total_deleted;
 END $$;

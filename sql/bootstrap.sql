@@ -65,7 +65,10 @@ CREATE TABLE alkblobs.pools (
     mode          text NOT NULL DEFAULT 'fleet' CONSTRAINT mode_known CHECK (mode IN ('fleet', 'single')),
     -- The role that created the pool (its login role): it and its members
     -- have every access to the pool; others need a grant (pool_grants).
-    owner         oid NOT NULL,
+    -- regrole, like every role column pg_dump writes (0.8.0; an oid
+    -- before): dumped as the role's name, so a restore into another
+    -- cluster, whose roles have other OIDs, maps it to the same role.
+    owner         regrole NOT NULL,
     -- Largest large object an upload may write (offset + chunk length).
     max_object_bytes bigint NOT NULL DEFAULT 68719476736
                   CONSTRAINT max_object_positive CHECK (max_object_bytes > 0),
@@ -89,7 +92,7 @@ CREATE TABLE alkblobs.pools (
 -- read) or 'admin' (everything). See alkblobs.may().
 CREATE TABLE alkblobs.pool_grants (
     pool    integer NOT NULL REFERENCES alkblobs.pools (id) ON DELETE CASCADE,
-    grantee oid NOT NULL,
+    grantee regrole NOT NULL,
     access  text NOT NULL CHECK (access IN ('read', 'write', 'sweep', 'admin')),
     PRIMARY KEY (pool, grantee, access)
 );
@@ -119,7 +122,7 @@ CREATE TABLE alkblobs.entries (
 CREATE TABLE alkblobs.pins (
     pool       integer NOT NULL,
     key        bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
-    role       oid NOT NULL,
+    role       regrole NOT NULL,
     owner      text NOT NULL CONSTRAINT owner_format CHECK (length(owner) BETWEEN 1 AND 200),
     pinned_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     expires_at timestamptz NOT NULL,
@@ -140,7 +143,7 @@ CREATE TABLE alkblobs.liveness (
     -- with AB002. true: such a row is accepted and protects the content if
     -- it is put later (see docs/design.md §4 for what that gives up).
     forward_refs  boolean NOT NULL DEFAULT false,
-    registered_by oid NOT NULL,
+    registered_by regrole NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now(),
     -- Rows may have reached the table without this pool's guard (DDL that
     -- could not be checked on the spot: alkblobs.on_ddl_end): 'recheck'
@@ -185,7 +188,7 @@ CREATE TABLE alkblobs.uploads (
     loid       oid PRIMARY KEY,
     pool       integer NOT NULL REFERENCES alkblobs.pools (id),
     xact       xid8 NOT NULL,
-    role       oid NOT NULL,
+    role       regrole NOT NULL,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX uploads_by_pool ON alkblobs.uploads (pool);

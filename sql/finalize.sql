@@ -42,7 +42,7 @@ SELECT p.name AS pool,
        (SELECT count(*) FROM alkblobs.liveness l WHERE l.pool = p.id) AS liveness_tables,
        (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id) AS uploads,
        (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id
-           AND pg_catalog.pg_xact_status(u.xact) IS DISTINCT FROM 'in progress') AS uploads_abandoned,
+           AND NOT alkblobs.upload_running(u.xact)) AS uploads_abandoned,
        (SELECT count(*) FROM alkblobs.files f WHERE f.pool = p.id) AS local_files
   FROM alkblobs.pools p
   LEFT JOIN (
@@ -173,7 +173,7 @@ GRANT SELECT ON @extschema@.alkblobs_pools, @extschema@.alkblobs_pins, @extschem
     @extschema@.alkblobs_usage, @extschema@.alkblobs_pool_grants, @extschema@.alkblobs_sweeps,
     @extschema@.alkblobs_health TO alkblobs_reader;
 -- The views filter pools by the caller's access through alkblobs.may.
-GRANT EXECUTE ON FUNCTION alkblobs.may(alkblobs.pools, text), alkblobs.health_rows() TO alkblobs_reader;
+GRANT EXECUTE ON FUNCTION alkblobs.may(alkblobs.pools, text), alkblobs.health_rows(), alkblobs.upload_running(xid8) TO alkblobs_reader;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_get(text, bytea),
     @extschema@.alkblobs_stat(text, bytea),
@@ -234,3 +234,16 @@ GRANT EXECUTE ON FUNCTION
     alkblobs_registration.add_source(text, regclass, boolean),
     alkblobs_registration.remove_source(text, regclass)
   TO alkblobs_admin;
+
+-- A server that does not preload the library (every server until its
+-- operator changes postgresql.conf) runs everything but the sweep
+-- scheduler: say so once, at CREATE EXTENSION (and ALTER EXTENSION UPDATE).
+-- A WARNING, because PostgreSQL raises client_min_messages to WARNING
+-- while it runs an extension's script: a NOTICE would never be seen.
+DO $$
+BEGIN
+    IF NOT alkblobs.scheduler_preloaded() THEN
+        RAISE WARNING 'alkblobs: scheduled sweeps are off on this server (the alkblobs library is not in shared_preload_libraries); everything else works'
+            USING HINT = 'Sweep from a node or with CALL alkblobs_sweep_all(pool) (pg_cron can schedule it), or add alkblobs to shared_preload_libraries and this database to alkblobs.scheduler_databases and restart (docs/operations.md, "Scheduled sweeps").';
+    END IF;
+END $$;

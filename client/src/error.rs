@@ -69,7 +69,7 @@ pub enum Error {
     },
     /// A PostgreSQL pool that does not exist, or that the role may not read.
     #[error(
-        "{at}: no pool {pool:?} that this role may read; create it (alkblobs pool create {pool}, or SELECT alkblobs_create_pool('{pool}', …)) or have its admin grant access (alkblobs_grant_pool)"
+        "{at}: no pool {pool:?} that this role may read; create it (alkblobs pool create {pool} --single-instance, or --fleet for a fleet pool; or SELECT alkblobs_create_pool('{pool}', …)) or have its admin grant access (alkblobs_grant_pool)"
     )]
     NoPool {
         /// The pool's name.

@@ -47,7 +47,36 @@ fn the_cli_runs_on_a_postgres_pool() {
     assert_eq!(code(&o), 3, "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stderr).contains("pool create"));
 
-    ok(d, &pool, &["pool", "create", &pool, "--window", "0s"]);
+    // The kind of pool is a required choice: neither, or both, is refused.
+    let o = run(d, &pool, &["pool", "create", &pool]);
+    assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--single-instance"));
+    let o = run(
+        d,
+        &pool,
+        &[
+            "--fleet",
+            "--large",
+            "pg-lo",
+            "pool",
+            "create",
+            &pool,
+            "--single-instance",
+        ],
+    );
+    assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    ok(
+        d,
+        &pool,
+        &[
+            "pool",
+            "create",
+            &pool,
+            "--window",
+            "0s",
+            "--single-instance",
+        ],
+    );
     let pools = ok(d, &pool, &["pool", "ls", "--json"]);
     let listed: serde_json::Value = serde_json::from_str(&pools).unwrap();
     let mine = listed

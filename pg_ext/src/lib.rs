@@ -29,7 +29,8 @@ pgrx::extension_sql_file!(
         alkblobs::blake3,
         alkblobs::first_bad,
         alkblobs::lo_blake3,
-        alkblobs::lock_for_sweep
+        alkblobs::lock_for_sweep,
+        alkblobs::scheduler_preloaded
     ]
 );
 pgrx::extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
@@ -93,6 +94,15 @@ mod alkblobs {
         unsafe {
             pg_sys::LockRelationOid(rel, pg_sys::ShareUpdateExclusiveLock as pg_sys::LOCKMODE)
         };
+    }
+
+    /// Whether this server loads the library through
+    /// `shared_preload_libraries`, which the sweep scheduler needs (its
+    /// workers start with the server). False on a server nobody
+    /// reconfigured: everything but scheduling works there.
+    #[pg_extern(stable, parallel_safe)]
+    fn scheduler_preloaded() -> bool {
+        crate::scheduler::preloaded()
     }
 
     /// BLAKE3 and size of a large object, read in 1 MiB `lo_get` windows so

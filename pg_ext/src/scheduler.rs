@@ -53,19 +53,44 @@ static DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::n
 static ENABLED: GucSetting<bool> = GucSetting::<bool>::new(true);
 static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
-/// Defines the GUCs (in every process that loads the library, so that
-/// `SHOW alkblobs.scheduler_enabled` works everywhere) and, in the
-/// postmaster while `shared_preload_libraries` is processed, registers one
-/// worker per database.
+/// Whether this process has the library through `shared_preload_libraries`
+/// (set in the postmaster while it loads preloaded libraries; every backend
+/// it forks inherits the value). A backend that loads the library on its
+/// own (`CREATE EXTENSION`, the first call of one of its functions, `LOAD`)
+/// on a server that does not preload it sees `false`: no scheduler runs.
+static PRELOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the library was preloaded (see `PRELOADED`).
+pub fn preloaded() -> bool {
+    PRELOADED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Defines the reloadable GUCs (in every process that loads the library,
+/// so that `SHOW alkblobs.scheduler_enabled` works everywhere) and, in the
+/// postmaster while `shared_preload_libraries` is processed, the
+/// postmaster-only `alkblobs.scheduler_databases` and one worker per
+/// database named in it.
+///
+/// PostgreSQL refuses to define a `PGC_POSTMASTER` setting after startup,
+/// at FATAL level (the session is killed): on a server that does not
+/// preload the library, which is every server until its operator changes
+/// `postgresql.conf`, `CREATE EXTENSION alkblobs` would fail. So that one is
+/// defined only while preloading; elsewhere the scheduler is simply off
+/// (`alkblobs_health` and a NOTICE at `CREATE EXTENSION` say so).
 pub fn init() {
-    GucRegistry::define_string_guc(
-        c"alkblobs.scheduler_databases",
-        c"Databases whose alkblobs pools the scheduler sweeps (comma-separated).",
-        c"One background worker per database; needs alkblobs in shared_preload_libraries and a restart.",
-        &DATABASES,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
+    // SAFETY: a plain read of a postmaster global set before _PG_init runs.
+    let preloading = unsafe { pg_sys::process_shared_preload_libraries_in_progress };
+    if preloading {
+        PRELOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+        GucRegistry::define_string_guc(
+            c"alkblobs.scheduler_databases",
+            c"Databases whose alkblobs pools the scheduler sweeps (comma-separated).",
+            c"One background worker per database; needs alkblobs in shared_preload_libraries and a restart.",
+            &DATABASES,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
     GucRegistry::define_bool_guc(
         c"alkblobs.scheduler_enabled",
         c"Whether the alkblobs scheduler sweeps pools whose sweep_every is due (off: paused).",
@@ -84,8 +109,7 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
-    // SAFETY: a plain read of a postmaster global set before _PG_init runs.
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+    if !preloading {
         return;
     }
     let names = DATABASES

@@ -1900,3 +1900,192 @@ async fn the_pool_views_do_not_leak_other_pools_rows_through_a_callers_quals() {
         }
     }
 }
+
+/// Every SQL and PL/pgSQL routine of the extension pins its search_path,
+/// but for `alkblobs_sweep_all` (a procedure that commits cannot have a SET
+/// clause): that one qualifies every name and operator instead, which
+/// `a_schema_before_pg_catalog_cannot_redirect_any_routine` checks by
+/// attack. A routine added without either fails here.
+#[tokio::test]
+async fn every_routine_but_sweep_all_pins_its_search_path() {
+    let c = connect().await;
+    alkblobs_tests::pg::ensure_extension(&c).await;
+    let rows = c
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p
+               JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+               JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
+               JOIN pg_language l ON l.oid = p.prolang
+              WHERE l.lanname IN ('plpgsql', 'sql')
+                AND NOT coalesce(EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s LIKE 'search_path=%'), false)
+              ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let unpinned: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        unpinned,
+        vec!["alkblobs_sweep_all(text,integer)".to_owned()],
+        "routines without a pinned search_path"
+    );
+}
+
+/// An admin who owns a schema that a superuser puts before `pg_catalog` on
+/// their search_path plants an operator for every common comparison and
+/// arithmetic of the types the extension uses (each records that it ran
+/// and tries to make its owner a superuser), then the superuser runs
+/// `CALL alkblobs_sweep_all` over a pool with work to do, and the public
+/// API's functions and views. None of the planted operators may run. Until
+/// 0.8.0 `alkblobs_sweep_all` (no SET clause) used unqualified `+`, `<`
+/// and `=`, so the admin's code ran as the superuser and the admin became
+/// one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_before_pg_catalog_cannot_redirect_any_routine() {
+    let c = connect().await;
+    let admin = login_role(&c, "planter", "alkblobs_admin").await;
+    let schema = format!("{admin}_ops");
+    c.batch_execute(&format!("CREATE SCHEMA {schema} AUTHORIZATION {admin}"))
+        .await
+        .unwrap();
+    let a = connect_as(&admin).await;
+    // As the admin: a table of hits and one operator per (name, left,
+    // right) pg_catalog has among the common types, each a function that
+    // records itself, tries the escalation, and answers as pg_catalog's.
+    a.batch_execute(&format!(
+        r#"CREATE TABLE {schema}.hits (op text);
+           GRANT INSERT, SELECT ON {schema}.hits TO PUBLIC;
+           DO $plant$
+           DECLARE o record; n integer := 0;
+           BEGIN
+             FOR o IN SELECT op.oprname, op.oprleft::regtype AS l, op.oprright::regtype AS r, op.oprresult::regtype AS res
+                        FROM pg_operator op
+                       WHERE op.oprnamespace = 'pg_catalog'::regnamespace AND op.oprkind = 'b'
+                         AND op.oprname IN ('=', '<>', '<', '>', '<=', '>=', '+', '-', '*', '~', '||')
+                         AND op.oprleft IN ('int4'::regtype, 'int8'::regtype, 'bool'::regtype, 'text'::regtype,
+                                            'bytea'::regtype, 'timestamptz'::regtype, 'interval'::regtype,
+                                            'numeric'::regtype, 'oid'::regtype, 'name'::regtype)
+                         AND op.oprright IN ('int4'::regtype, 'int8'::regtype, 'bool'::regtype, 'text'::regtype,
+                                             'bytea'::regtype, 'timestamptz'::regtype, 'interval'::regtype,
+                                             'numeric'::regtype, 'oid'::regtype, 'name'::regtype)
+             LOOP
+               n := n + 1;
+               EXECUTE format($f$CREATE FUNCTION {schema}.f%s(a %s, b %s) RETURNS %s LANGUAGE plpgsql AS $b$
+                                BEGIN
+                                  INSERT INTO {schema}.hits VALUES (%L);
+                                  BEGIN
+                                    EXECUTE 'ALTER ROLE {admin} SUPERUSER';
+                                  EXCEPTION WHEN OTHERS THEN NULL;
+                                  END;
+                                  RETURN a OPERATOR(pg_catalog.%s) b;
+                                END $b$$f$, n, o.l, o.r, o.res, o.oprname || '(' || o.l || ',' || o.r || ')', o.oprname);
+               EXECUTE format('CREATE OPERATOR {schema}.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = {schema}.f%s)',
+                              o.oprname, o.l, o.r, n);
+             END LOOP;
+           END $plant$;"#
+    ))
+    .await
+    .unwrap();
+    let planted: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_operator WHERE oprnamespace = $1::text::regnamespace",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(planted > 50, "planted {planted} operators");
+
+    // A pool with work: garbage to stage and delete, a pin, a liveness
+    // table of the superuser's.
+    let pool = pool(&c, "planted", "0s", "60s").await;
+    for i in 0..30u32 {
+        garbage(&c, &pool, format!("planted garbage {i}").as_bytes()).await;
+    }
+    put(&c, &pool, b"planted pinned", "o").await;
+    let table = table_name(&pool, "live");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+
+    // A sanity check that the plant works: an unqualified comparison under
+    // that search_path runs it (as the admin, who cannot escalate).
+    a.batch_execute(&format!(
+        "SET search_path = {schema}, pg_catalog, public; SELECT 1 = 1"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(hits(&c, &schema).await, 1, "the planted operators are live");
+    c.batch_execute(&format!("TRUNCATE {schema}.hits"))
+        .await
+        .unwrap();
+    // The superuser, with the admin's schema first.
+    c.batch_execute(&format!("SET search_path = {schema}, pg_catalog, public"))
+        .await
+        .unwrap();
+
+    let k = key(b"planted pinned");
+    let calls = [
+        format!("CALL alkblobs_sweep_all('{pool}')"),
+        format!("CALL alkblobs_sweep_all('{pool}', 5)"),
+        format!("SELECT * FROM alkblobs_sweep('{pool}')"),
+        format!("SELECT * FROM alkblobs_sweep('{pool}', dry_run => true)"),
+        format!("SELECT alkblobs_register_liveness('{pool}', '{table}')"),
+        format!("INSERT INTO {table} VALUES (alkblobs_key('planted pinned'))"),
+        format!("SELECT * FROM alkblobs_explain('{pool}', '\\x{}')", hex(&k)),
+        format!("SELECT alkblobs_put('{pool}', alkblobs_key('p2'), 'p2', 'o')"),
+        format!(
+            "SELECT alkblobs_put_many('{pool}', ARRAY[alkblobs_key('p3')], ARRAY['p3'::bytea], 'o')"
+        ),
+        format!("SELECT alkblobs_get('{pool}', alkblobs_key('p2'))"),
+        format!("SELECT * FROM alkblobs_stat('{pool}', alkblobs_key('p2'))"),
+        format!("SELECT * FROM alkblobs_list('{pool}')"),
+        format!("SELECT alkblobs_renew('{pool}', 'o')"),
+        format!("SELECT alkblobs_unpin('{pool}', alkblobs_key('p2'), 'o')"),
+        format!("SELECT alkblobs_alter_pool('{pool}', delete_window => '0')"),
+        format!("SELECT alkblobs_grant_pool('{pool}', '{admin}', 'read')"),
+        format!("SELECT alkblobs_revoke_pool('{pool}', '{admin}', 'read')"),
+        format!("SELECT alkblobs_unregister_liveness('{pool}', '{table}')"),
+        "SELECT * FROM alkblobs_health".to_owned(),
+        "SELECT * FROM alkblobs_usage".to_owned(),
+        "SELECT * FROM alkblobs_pools".to_owned(),
+        "SELECT * FROM alkblobs_pins".to_owned(),
+        "SELECT * FROM alkblobs_staged".to_owned(),
+        "SELECT * FROM alkblobs_sweeps".to_owned(),
+        format!("SELECT alkblobs_create_pool('{pool}-2', sweep_every => '1 minute')"),
+    ];
+    for sql in &calls {
+        c.batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {} {e}", sqlstate(&e)));
+        let n = hits(&c, &schema).await;
+        assert_eq!(
+            n, 0,
+            "{sql} ran {n} of the admin's planted operators as the superuser"
+        );
+    }
+    let left: i64 = c
+        .query_one("SELECT count(*) FROM alkblobs_list($1)", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(left < 33, "the sweeps did their work ({left} entries left)");
+    let sup: bool = c
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+            &[&admin],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!sup, "the admin became a superuser");
+    c.batch_execute("RESET search_path").await.unwrap();
+}
+
+/// Rows in the planted schema's table of hits.
+async fn hits(c: &Client, schema: &str) -> i64 {
+    c.query_one(&format!("SELECT count(*) FROM {schema}.hits"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}

@@ -613,3 +613,107 @@ async fn a_local_tier_claim_holds_its_keys_until_the_files_are_deleted() {
         .unwrap();
     assert_eq!(held.len(), 1);
 }
+
+/// Two `alkblobs_put_many` batches over the same 200 present keys, in
+/// opposite orders, both waiting (FOR KEY SHARE) on an executor that holds
+/// every key and then deletes them all: each batch must put every key
+/// afresh, each key is created by exactly one of them, and neither may
+/// deadlock (40P01) with the other. Until 0.8.0 a batch re-put its keys
+/// deleted under it one by one in batch order after its other locks, so the
+/// two ran into each other here almost every round; now a batch that finds
+/// a key gone rolls its pass back and runs it again, in key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn put_many_batches_whose_keys_are_deleted_under_them_do_not_deadlock() {
+    let c = connect().await;
+    let pool = pool(&c, "pmdl", "0s", "60s").await;
+    let pool_id: i32 = c
+        .query_one("SELECT id FROM alkblobs.pools WHERE name = $1", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    let vals: Vec<Vec<u8>> = (0..200u32)
+        .map(|i| format!("put_many deadlock {i}").into_bytes())
+        .collect();
+    let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = vals.iter().map(|v| (key(v), v.clone())).collect();
+    pairs.sort();
+    let (asc_k, asc_v): (Vec<Vec<u8>>, Vec<Vec<u8>>) = pairs.iter().cloned().unzip();
+    let (desc_k, desc_v): (Vec<Vec<u8>>, Vec<Vec<u8>>) = pairs.iter().rev().cloned().unzip();
+    let a = connect().await;
+    let b = connect().await;
+    let executor = connect().await;
+    let (a_pid, b_pid) = (pid(&a).await, pid(&b).await);
+    for round in 0..3 {
+        c.execute(
+            "SELECT alkblobs_put_many($1, $2, $3, 'seed')",
+            &[&pool, &asc_k, &asc_v],
+        )
+        .await
+        .unwrap();
+        // The executor deciding every key: locked FOR UPDATE, as
+        // alkblobs_sweep's executor locks what it is about to delete.
+        executor.batch_execute("BEGIN").await.unwrap();
+        let locked = executor
+            .query(
+                "SELECT key FROM alkblobs.entries WHERE pool = $1 AND key = ANY($2) ORDER BY key FOR UPDATE",
+                &[&pool_id, &asc_k],
+            )
+            .await
+            .unwrap();
+        assert_eq!(locked.len(), 200);
+        let (ra, rb) = {
+            let fa = put_many(&a, &pool, &asc_k, &asc_v, "a");
+            let fb = put_many(&b, &pool, &desc_k, &desc_v, "b");
+            let observer = &c;
+            let release = async {
+                assert!(
+                    waits_on_lock(observer, a_pid).await,
+                    "batch a waits for the executor"
+                );
+                assert!(
+                    waits_on_lock(observer, b_pid).await,
+                    "batch b waits for the executor"
+                );
+                executor
+                    .execute(
+                        "DELETE FROM alkblobs.entries WHERE pool = $1 AND key = ANY($2)",
+                        &[&pool_id, &asc_k],
+                    )
+                    .await
+                    .unwrap();
+                executor.batch_execute("COMMIT").await.unwrap();
+            };
+            let (ra, rb, ()) = tokio::join!(fa, fb, release);
+            (ra, rb)
+        };
+        let ra = ra.unwrap_or_else(|e| panic!("round {round}: batch a: {} {e}", sqlstate(&e)));
+        let rb = rb.unwrap_or_else(|e| panic!("round {round}: batch b: {} {e}", sqlstate(&e)));
+        // b's answers are in its (descending) order.
+        for (i, k) in asc_k.iter().enumerate() {
+            let by_a = ra[i];
+            let by_b = rb[199 - i];
+            assert!(
+                by_a != by_b,
+                "round {round}: key {i} created by a: {by_a}, by b: {by_b} (exactly one creates it)"
+            );
+            assert!(
+                exists(&c, &pool, k).await,
+                "round {round}: key {i} is there"
+            );
+        }
+    }
+}
+
+async fn put_many(
+    c: &Client,
+    pool: &str,
+    keys: &[Vec<u8>],
+    vals: &[Vec<u8>],
+    owner: &str,
+) -> Result<Vec<bool>, tokio_postgres::Error> {
+    c.query_one(
+        "SELECT alkblobs_put_many($1, $2, $3, $4)",
+        &[&pool, &keys, &vals, &owner],
+    )
+    .await
+    .map(|r| r.get(0))
+}

@@ -688,7 +688,8 @@ async fn a_database_without_a_scheduler_says_scheduling_is_off() {
     assert_eq!(r.get::<_, String>(1), "warn");
     let reasons: Vec<String> = r.get(2);
     assert!(
-        reasons.iter().any(|x| x.contains("scheduling is off")),
+        reasons.iter().any(|x| x.contains("scheduling is off")
+            && x.contains("is not in alkblobs.scheduler_databases")),
         "{reasons:?}"
     );
     // Everything else works there: a sweep from psql collects.

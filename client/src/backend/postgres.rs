@@ -33,7 +33,7 @@ use super::{Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, S
 use crate::{Error, Key, Result};
 
 /// The extension version this client speaks.
-pub const EXTENSION_VERSION: &str = "0.7.0";
+pub const EXTENSION_VERSION: &str = "0.8.0";
 
 /// How many times a call the database refused as a retryable conflict
 /// (40001, 40P01) is tried before the error is returned.

@@ -27,8 +27,15 @@ pub enum PoolCmd {
         /// (e.g. 5m; default: only when a node or an operator sweeps).
         #[arg(long, value_parser = humantime::parse_duration)]
         sweep_every: Option<Duration>,
+        /// A single-instance pool: one store instance (`--postgres` without
+        /// `--fleet`) owns it and sweeps it. The other choice is the global
+        /// `--fleet`: a pool many instances share, swept in the database.
+        /// One of the two is required (`alkblobs_create_pool` makes a
+        /// fleet pool unless told `single_instance => true`).
+        #[arg(long)]
+        single_instance: bool,
         // Where large content goes: the global --large (pg-lo, the default;
-        // local; none). A fleet pool: the global --fleet.
+        // local; none).
     },
     /// List the pools this role may read.
     Ls,
@@ -101,10 +108,30 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
             window,
             ttl,
             sweep_every,
+            single_instance,
         } => {
-            // --fleet: a fleet pool (several instances; the extension sweeps
-            // it); without: a single-instance pool (this CLI's stores).
-            let mut s = PoolSettings::new().single_instance(!pg.fleet);
+            // A required choice: the SQL default (fleet) and the CLI's own
+            // default topology (--postgres alone: single-instance) differ,
+            // so neither is guessed.
+            match (pg.fleet, *single_instance) {
+                (true, true) => {
+                    return Err(Fail::new(
+                        Exit::BadInput,
+                        "--fleet and --single-instance contradict each other: a pool is one or the other",
+                    ));
+                }
+                (false, false) => {
+                    return Err(Fail::new(
+                        Exit::BadInput,
+                        format!(
+                            "say which kind of pool {name:?} is: --fleet (many store instances share it; the database sweeps it) \
+                             or --single-instance (one store instance, `--postgres` without `--fleet`, owns and sweeps it)"
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+            let mut s = PoolSettings::new().single_instance(*single_instance);
             let large = match &pg.large {
                 PgLarge::FromPool => None,
                 PgLarge::PgLo => Some("pg-lo"),

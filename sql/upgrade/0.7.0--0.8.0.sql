@@ -1,0 +1,38 @@
+-- alkblobs 0.7.0 -> 0.8.0: running where PostgreSQL users are.
+--
+-- What an existing install receives:
+-- * CREATE EXTENSION works on a server that does not preload the library
+--   (the library defines its postmaster-only setting only while
+--   preloading); the sweep scheduler is then off, said by a WARNING at
+--   CREATE EXTENSION / ALTER EXTENSION UPDATE and by alkblobs_health's
+--   reasons (alkblobs.scheduler_preloaded, alkblobs.scheduler_off_reason);
+-- * the role columns pg_dump writes (pools.owner, pool_grants.grantee,
+--   pins.role, liveness.registered_by, uploads.role) are regrole instead
+--   of oid: dumped as role names, so a restore into another cluster hands
+--   every pool, grant and pin to the same roles (by name) and not to
+--   whichever roles got those OIDs there;
+-- * an upload row restored from another cluster (its transaction id is
+--   that cluster's) counts as abandoned instead of making alkblobs_sweep,
+--   alkblobs_usage and alkblobs_health fail with 22023
+--   (alkblobs.upload_running);
+-- * alkblobs_sweep_all qualifies every operator, so a schema before
+--   pg_catalog on its caller's search_path cannot redirect it;
+-- * alkblobs_put_many takes every row lock in key order: a batch whose
+--   present key was deleted under it is put again from the start instead
+--   of re-putting that key after the others (which could deadlock with a
+--   concurrent batch), and its pin rows are upserted in key order.
+
+-- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
+CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool
+STABLE PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'scheduler_preloaded_wrapper';
+
+-- Role columns become regrole. The views that read them are dropped here
+-- and created again below (with their grants, by the policy).
+DROP VIEW @extschema@.alkblobs_pools;
+DROP VIEW @extschema@.alkblobs_pool_grants;
+DROP VIEW @extschema@.alkblobs_pins;
+ALTER TABLE alkblobs.pools ALTER COLUMN owner TYPE regrole;
+ALTER TABLE alkblobs.pool_grants ALTER COLUMN grantee TYPE regrole;
+ALTER TABLE alkblobs.pins ALTER COLUMN role TYPE regrole;
+ALTER TABLE alkblobs.liveness ALTER COLUMN registered_by TYPE regrole;
+ALTER TABLE alkblobs.uploads ALTER COLUMN role TYPE regrole;
