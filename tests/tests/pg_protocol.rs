@@ -228,7 +228,7 @@ async fn renewing_ten_thousand_pins_is_one_statement() {
     );
 }
 
-/// The upgrade path 0.1.0 -> 0.2.0 -> … -> 0.7.0 exists and applies, carrying
+/// The upgrade path 0.1.0 -> 0.2.0 -> … -> 0.8.0 exists and applies, carrying
 /// data and registrations and the install's privilege policy; DROP and
 /// CREATE are clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,7 +292,11 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(v, "0.7.0", "UPDATE goes to the default version");
+    assert_eq!(
+        v,
+        alkblobs::backend::postgres::EXTENSION_VERSION,
+        "UPDATE goes to the default version"
+    );
     // The upgraded tables have the fresh install's columns (the test
     // database's extension was created at the current version).
     let columns = "SELECT string_agg(col, ', ' ORDER BY col) FROM ( \
