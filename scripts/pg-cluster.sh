@@ -4,6 +4,7 @@
 #   scripts/pg-cluster.sh stop    stop and delete it
 #   scripts/pg-cluster.sh url     print the connection URL
 #   scripts/pg-cluster.sh restart stop (fast: every session dropped) and start it again
+#   scripts/pg-cluster.sh down-for N  stop it, N seconds down, start it again
 #   scripts/pg-cluster.sh log     print the path of the server log
 #   scripts/pg-cluster.sh ca      print the CA certificate that signed the
 #                                 server's (TLS is on: sslmode=verify-full
@@ -112,8 +113,14 @@ restart)
     # Fast shutdown (every session disconnected) and start again.
     as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -m fast -w -t 60 restart >/dev/null
     ;;
+down-for)
+    # Fast shutdown, $2 seconds down (an outage), start again.
+    as_pg "$bindir/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
+    sleep "${2:?down-for SECONDS}"
+    as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null
+    ;;
 *)
-    echo "usage: $0 start|stop|restart|url|ca|log" >&2
+    echo "usage: $0 start|stop|restart|down-for N|url|ca|log" >&2
     exit 2
     ;;
 esac

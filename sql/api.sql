@@ -68,6 +68,49 @@ BEGIN
     END LOOP;
 END $$;
 
+-- A fleet pool's first use since the server started, or since it was
+-- restored from a dump (its row names another incarnation of the
+-- extension: alkblobs.incarnation is made by CREATE EXTENSION and never
+-- dumped), in which time no instance could renew its pins: however long
+-- the server was down or the restore took, every pin gets a fresh TTL and
+-- every sealed mark a fresh window, from now. So the first sweep deletes
+-- nothing that was protected when the server stopped or the dump was
+-- taken, and instances that are still alive renew their pins as usual; a
+-- dead instance's pins only lapse one TTL later. Run by every call that
+-- reaps, stages, deletes, renews or confirms pins (under the pool's
+-- sweeper lock, taken here if the pool needs it); once done, a comparison
+-- of two values. Returns the pool row as it is now.
+CREATE FUNCTION alkblobs.adopt(pl alkblobs.pools) RETURNS alkblobs.pools
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    inc uuid := (SELECT i.id FROM alkblobs.incarnation i);
+    started timestamptz := pg_catalog.pg_postmaster_start_time();
+    pins bigint;
+    marks bigint;
+BEGIN
+    IF pl.mode = 'single' OR (pl.seen_incarnation = inc AND pl.seen_start = started) THEN
+        RETURN pl;
+    END IF;
+    PERFORM alkblobs.take_lock(pl.id, false);
+    SELECT * INTO pl FROM alkblobs.pools p WHERE p.id = pl.id;
+    IF pl.seen_incarnation = inc AND pl.seen_start = started THEN
+        RETURN pl;  -- another call did it while this one waited
+    END IF;
+    UPDATE alkblobs.pins pn SET expires_at = clock_timestamp() + pl.pin_ttl
+     WHERE pn.pool = pl.id AND pn.expires_at < clock_timestamp() + pl.pin_ttl;
+    GET DIAGNOSTICS pins = ROW_COUNT;
+    UPDATE alkblobs.marks mk SET mark_end = clock_timestamp()
+     WHERE mk.pool = pl.id AND mk.mark_end < clock_timestamp();
+    GET DIAGNOSTICS marks = ROW_COUNT;
+    RAISE LOG 'alkblobs pool "%": first use since %: % pins get a fresh TTL (%), % marks a fresh window',
+              pl.name, CASE WHEN pl.seen_incarnation IS DISTINCT FROM inc THEN 'a restore from a dump' ELSE 'the server started' END,
+              pins, pl.pin_ttl, marks;
+    UPDATE alkblobs.pools p SET seen_incarnation = inc, seen_start = started WHERE p.id = pl.id
+    RETURNING * INTO pl;
+    RETURN pl;
+END $$;
+
 -- The calling role: the session's login role. (plpgsql, like every helper
 -- on a hot path: a SQL-language function that cannot be inlined — it has a
 -- SET clause — is parsed and planned again in every statement that calls
@@ -649,9 +692,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode,
-                                sweep_every, history_keep, warn_after, critical_after)
+                                sweep_every, history_keep, warn_after, critical_after, seen_incarnation, seen_start)
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
-            nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'));
+            nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'),
+            (SELECT i.id FROM alkblobs.incarnation i), pg_catalog.pg_postmaster_start_time());
     INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));
@@ -975,6 +1019,7 @@ DECLARE
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_renew');
     PERFORM alkblobs.check_owner($2);
+    pl := alkblobs.adopt(pl);
     -- A row a sweep holds (deciding its key) is passed over, not waited
     -- for: one long sweep call must not hold back the renewal of every pin
     -- of the instance. The next round (TTL/3 later) renews it.
@@ -1012,6 +1057,7 @@ DECLARE
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_pins_held');
     PERFORM alkblobs.check_owner($2);
+    pl := alkblobs.adopt(pl);
     PERFORM alkblobs.not_null($3, 'keys');
     RETURN QUERY
         SELECT pn.key FROM alkblobs.pins pn
@@ -1992,6 +2038,7 @@ BEGIN
         RAISE EXCEPTION 'at most 100000 keys per call, got %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM alkblobs.take_lock(pl.id, false);
+    pl := alkblobs.adopt(pl);
     SELECT * INTO cs FROM alkblobs.check_sources(pl.id);
     IF cs.problem IS NOT NULL THEN
         RAISE EXCEPTION 'liveness table %; nothing staged', cs.problem
@@ -2073,6 +2120,7 @@ BEGIN
         RAISE NOTICE 'another sweeper holds pool "%"; nothing claimed', pl.name;
         RETURN;
     END IF;
+    pl := alkblobs.adopt(pl);
     SELECT * INTO cs FROM alkblobs.check_sources(pl.id);
     IF cs.problem IS NOT NULL THEN
         RAISE EXCEPTION 'liveness table %; nothing claimed', cs.problem
@@ -2260,6 +2308,9 @@ BEGIN
     -- The pool row as of now, under the lock: the one read before it may
     -- predate the commit of the sweep that held the lock (its open mark).
     SELECT * INTO pl FROM alkblobs.pools p WHERE p.id = pl.id;
+    IF NOT v_dry THEN
+        pl := alkblobs.adopt(pl);
+    END IF;
     SELECT * INTO cs FROM alkblobs.check_sources(pl.id);
     IF cs.problem IS NOT NULL THEN
         RAISE WARNING 'sweep of alkblobs pool "%" aborted: liveness table %', pl.name, cs.problem

@@ -85,7 +85,14 @@ CREATE TABLE alkblobs.pools (
     sweep_every    interval,
     history_keep   interval NOT NULL DEFAULT '14 days',
     warn_after     interval,
-    critical_after interval
+    critical_after interval,
+    -- The incarnation of the extension (alkblobs.incarnation) and the
+    -- server start (pg_postmaster_start_time()) this pool last ran under
+    -- (0.8.0): when either differs, the pool was restored or the server
+    -- restarted, and alkblobs.adopt gives its pins a fresh TTL and its marks
+    -- a fresh window before anything reaps or deletes.
+    seen_incarnation uuid,
+    seen_start       timestamptz
 );
 
 -- Per-pool grants: `access` is 'read', 'write' (and read), 'sweep' (and
@@ -296,6 +303,16 @@ CREATE TABLE alkblobs.leases (
     pid        integer NOT NULL,
     expires_at timestamptz NOT NULL
 );
+
+-- This installation of the extension (0.8.0): one row, made by CREATE
+-- EXTENSION and never dumped, so a pool restored from a dump names
+-- another one (alkblobs.adopt).
+CREATE TABLE alkblobs.incarnation (
+    id         uuid NOT NULL DEFAULT gen_random_uuid(),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    one        boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (one)
+);
+INSERT INTO alkblobs.incarnation DEFAULT VALUES;
 
 REVOKE ALL ON ALL TABLES IN SCHEMA alkblobs FROM PUBLIC;
 

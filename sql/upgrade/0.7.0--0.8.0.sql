@@ -21,6 +21,10 @@
 --   present key was deleted under it is put again from the start instead
 --   of re-putting that key after the others (which could deadlock with a
 --   concurrent batch), and its pin rows are upserted in key order.
+-- * a fleet pool's first use after a server start or a restore gives every
+--   pin a fresh TTL and every mark a fresh window (alkblobs.adopt), so the
+--   first sweep deletes nothing that was protected when the server stopped
+--   or the dump was taken, however long that took.
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool
@@ -36,3 +40,17 @@ ALTER TABLE alkblobs.pool_grants ALTER COLUMN grantee TYPE regrole;
 ALTER TABLE alkblobs.pins ALTER COLUMN role TYPE regrole;
 ALTER TABLE alkblobs.liveness ALTER COLUMN registered_by TYPE regrole;
 ALTER TABLE alkblobs.uploads ALTER COLUMN role TYPE regrole;
+
+-- A pool's first use after a server start or a restore gives its pins a
+-- fresh TTL and its marks a fresh window (alkblobs.adopt): the
+-- installation's incarnation (never dumped) and what each pool last ran
+-- under. Existing pools are recorded as running under this server now.
+CREATE TABLE alkblobs.incarnation (
+    id         uuid NOT NULL DEFAULT gen_random_uuid(),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    one        boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (one)
+);
+INSERT INTO alkblobs.incarnation DEFAULT VALUES;
+ALTER TABLE alkblobs.pools ADD COLUMN seen_incarnation uuid, ADD COLUMN seen_start timestamptz;
+UPDATE alkblobs.pools SET seen_incarnation = (SELECT id FROM alkblobs.incarnation),
+                          seen_start = pg_catalog.pg_postmaster_start_time();

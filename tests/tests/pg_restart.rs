@@ -16,7 +16,7 @@ fn cluster(cmd: &str) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg-cluster.sh");
     let out = std::process::Command::new("bash")
         .arg(script)
-        .arg(cmd)
+        .args(cmd.split(' '))
         .output()
         .unwrap_or_else(|e| panic!("run pg-cluster.sh {cmd}: {e}"));
     assert!(
@@ -182,4 +182,91 @@ async fn the_scheduler_stops_with_the_server_and_starts_with_it() {
     )
     .await
     .unwrap();
+}
+
+/// An outage longer than the pin TTL: no instance could renew its pins
+/// while the server was down, so they all lapsed by the clock. The pool's
+/// first use after the start gives every pin a fresh TTL and every mark a
+/// fresh window (`alkblobs.adopt`): the first sweep keeps the pinned entry
+/// and the staged one in its window, the instance's next renewal renews
+/// its pin, and a pin nobody renews lapses one TTL later and its entry goes.
+/// Until 0.8.0 the first sweep reaped the pin and staged the entry, and the
+/// renewal found nothing to renew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_the_pin_ttl_loses_no_pin() {
+    let _one = RESTARTS.lock().await;
+    let c = connect().await;
+    let pool = alkblobs_tests::pg::pool(&c, "outage", "3 seconds", "2 seconds").await;
+    alkblobs_tests::pg::put(&c, &pool, b"pinned across an outage", "alive").await;
+    alkblobs_tests::pg::put(&c, &pool, b"pinned by the dead", "dead").await;
+    let staged = alkblobs_tests::pg::garbage(&c, &pool, b"in its window across an outage").await;
+    let r = c
+        .query_one("SELECT staged FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, i64>(0), 1);
+    drop(c);
+    // Down for longer than the TTL (2 s) and the window (3 s).
+    cluster("down-for 4");
+    let mut c = None;
+    for _ in 0..100 {
+        if let Ok((client, conn)) = tokio_postgres::connect(&url(), tokio_postgres::NoTls).await {
+            tokio::spawn(conn);
+            c = Some(client);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let c = c.expect("the server is back");
+    let r = c
+        .query_one(
+            "SELECT deleted, pins_reaped FROM alkblobs_sweep($1)",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.get::<_, i64>(0), r.get::<_, i64>(1)),
+        (0, 0),
+        "the first sweep after the outage deletes and reaps nothing"
+    );
+    for v in [&b"pinned across an outage"[..], b"pinned by the dead"] {
+        assert!(alkblobs_tests::pg::exists(&c, &pool, &alkblobs_tests::pg::key(v)).await);
+    }
+    assert!(alkblobs_tests::pg::exists(&c, &pool, &staged).await);
+    let renewed: i64 = c
+        .query_one("SELECT alkblobs_renew($1, 'alive')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        renewed, 1,
+        "the live instance's pin renews after the outage"
+    );
+    // One TTL later the dead instance's pin has lapsed (the live one
+    // keeps renewing), and its entry goes like any garbage.
+    let dead = alkblobs_tests::pg::key(b"pinned by the dead");
+    let mut gone = false;
+    for _ in 0..100 {
+        c.query_one("SELECT alkblobs_renew($1, 'alive')", &[&pool])
+            .await
+            .unwrap();
+        c.batch_execute(&format!("CALL alkblobs_sweep_all('{pool}')"))
+            .await
+            .unwrap();
+        if !alkblobs_tests::pg::exists(&c, &pool, &dead).await {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(gone, "the dead instance's entry was never collected");
+    assert!(
+        alkblobs_tests::pg::exists(
+            &c,
+            &pool,
+            &alkblobs_tests::pg::key(b"pinned across an outage")
+        )
+        .await
+    );
 }

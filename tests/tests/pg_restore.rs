@@ -8,7 +8,9 @@
 //! owner, its grants and its pins did); and its transaction counter is
 //! elsewhere, so an upload row's transaction id from the source means
 //! nothing there (until 0.8.0 one in the target's future made every sweep,
-//! `alkblobs_usage` and `alkblobs_health` fail with 22023).
+//! `alkblobs_usage` and `alkblobs_health` fail with 22023). And the restore
+//! takes longer than the pool's pin TTL and window: the first sweep after
+//! it must still delete nothing that was protected at the dump.
 
 use std::process::Command;
 
@@ -116,7 +118,7 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
     // garbage, a write grant, and an upload abandoned after its commit.
     let o = conn(&with_db(&url(), &src_db, &owner)).await;
     o.batch_execute(&format!(
-        "SELECT alkblobs_create_pool('busy', delete_window => '0', pin_ttl => '1 hour');
+        "SELECT alkblobs_create_pool('busy', delete_window => '0', pin_ttl => '2 seconds');
          SELECT alkblobs_grant_pool('busy', '{writer}', 'write');
          SELECT alkblobs_put('busy', alkblobs_key('pinned'), 'pinned', 'inst1');
          SELECT alkblobs_put('busy', alkblobs_key('held'), 'held', 'tmp');
@@ -125,10 +127,30 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
          SELECT alkblobs_register_liveness('busy', 'docs');
          INSERT INTO docs VALUES (alkblobs_key('held'), 'a document');
          SELECT alkblobs_unpin_all('busy', 'tmp');
-         BEGIN; SELECT alkblobs_lo_create('busy'); COMMIT;"
+         BEGIN; SELECT alkblobs_lo_create('busy'); COMMIT;
+         SELECT alkblobs_create_pool('windowed', delete_window => '3 seconds');
+         SELECT alkblobs_put('windowed', alkblobs_key('in its window'), 'in its window', 'tmp');
+         SELECT alkblobs_unpin_all('windowed', 'tmp');
+         SELECT * FROM alkblobs_sweep('windowed');"
     ))
     .await
     .unwrap();
+    let staged: i64 = o
+        .query_one(
+            "SELECT count(*) FROM alkblobs_staged WHERE pool = 'windowed' AND NOT due",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(staged, 1, "staged, in its window, when the dump is taken");
+    // The pin renews until the dump, then nothing renews it.
+    let renewed: i64 = o
+        .query_one("SELECT alkblobs_renew('busy', 'inst1')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(renewed, 1);
     let upload_xact: String = s
         .query_one("SELECT max(xact)::text FROM alkblobs.uploads", &[])
         .await
@@ -154,6 +176,8 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .args(["-Fc", "-f"])
         .arg(dump.path())
         .arg(with_db(&url(), &src_db, "postgres")));
+    // The restore takes longer than the pin TTL (2 s) and the window (3 s).
+    std::thread::sleep(std::time::Duration::from_millis(3500));
     run(Command::new(format!("{BIN}/pg_restore"))
         .args(["--exit-on-error", "-d"])
         .arg(with_db(&other_url(), &dst_db, "postgres"))
@@ -217,7 +241,10 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .await
         .unwrap()
         .get(0);
-    assert_eq!(renewed, 1, "the owner's pin renews after the restore");
+    assert_eq!(
+        renewed, 1,
+        "the owner's pin renews after a restore that took longer than its TTL"
+    );
     let wd = conn(&with_db(&other_url(), &dst_db, &writer)).await;
     wd.batch_execute("SELECT alkblobs_put('busy', alkblobs_key('by writer'), 'by writer', 'w')")
         .await
@@ -272,6 +299,20 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
     let mut want = vec![key(b"pinned"), key(b"held"), key(b"by writer")];
     want.sort();
     assert_eq!(left, want, "exactly the garbage went");
+    // The staged row whose window had not ended at the dump has a whole
+    // window again.
+    d.batch_execute("CALL alkblobs_sweep_all('windowed')")
+        .await
+        .unwrap();
+    let kept: i64 = d
+        .query_one(
+            "SELECT count(*) FROM alkblobs_staged WHERE pool = 'windowed' AND NOT due",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 1, "the restored staged row got a fresh window");
     let e = od
         .batch_execute("INSERT INTO docs VALUES (alkblobs_key('never put'), 'x')")
         .await

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Packages of the extension, for operators who install from packages.
+#
+#   scripts/package.sh deb [--rev GIT-REV] [--out DIR]
+#       Builds the Debian package postgresql-15-alkblobs from the pgrx
+#       build (cargo pgrx package --release) and prints the path of the
+#       .deb it wrote (in target/packages/ unless --out). With --rev, the
+#       package of that commit (e.g. the previous release, for the upgrade
+#       test), built from a git worktree of it; the build shares this
+#       checkout's target directory, so only the extension is compiled.
+#
+# Install with `apt install ./postgresql-15-alkblobs_<v>_<arch>.deb` (or
+# dpkg -i), then CREATE EXTENSION alkblobs; remove with `apt remove
+# postgresql-15-alkblobs`. Needs what scripts/install-extension.sh installs
+# (cargo-pgrx 0.18.1, PostgreSQL 15 headers); run that first on a fresh
+# machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+pg_config=/usr/lib/postgresql/15/bin/pg_config
+
+kind=${1:-}
+shift || true
+rev=""
+out="$root/target/packages"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --rev) rev=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+done
+if [ "$kind" != deb ]; then
+    echo "usage: $0 deb [--rev GIT-REV] [--out DIR]" >&2
+    exit 2
+fi
+mkdir -p "$out"
+
+src=$root
+if [ -n "$rev" ]; then
+    commit=$(git rev-parse --verify "$rev^{commit}")
+    src="$root/target/package-src/$commit"
+    if [ ! -d "$src/pg_ext" ]; then
+        rm -rf "$src"
+        git worktree prune
+        git worktree add --detach "$src" "$commit" >&2
+    fi
+fi
+
+version=$(sed -n 's/^version = "\([0-9.]*\)".*/\1/p' "$src/pg_ext/Cargo.toml")
+arch=$(dpkg --print-architecture)
+stage="$root/target/package-stage/alkblobs-$version"
+rm -rf "$stage"
+(
+    cd "$src/pg_ext"
+    CARGO_TARGET_DIR="$root/target" cargo pgrx package --pg-config "$pg_config" --out-dir "$stage" >&2
+)
+sharedir=$("$pg_config" --sharedir)
+pkglibdir=$("$pg_config" --pkglibdir)
+# The frozen install scripts of released versions (cargo pgrx writes only
+# the current one), as scripts/install-extension.sh copies them.
+install -m 644 "$src"/sql/released/alkblobs--*.sql "$stage$sharedir/extension/"
+test -f "$stage$pkglibdir/alkblobs.so"
+test -f "$stage$sharedir/extension/alkblobs--$version.sql"
+
+doc="$stage/usr/share/doc/postgresql-15-alkblobs"
+mkdir -p "$doc"
+{
+    echo "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"
+    echo "Upstream-Name: alkblobs"
+    echo "Source: https://github.com/alkblobs/alkblobs"
+    echo
+    echo "Files: *"
+    echo "Copyright: 2026 The alkblobs developers"
+    echo "License: MIT or Apache-2.0"
+    sed 's/^/ /; s/^ $/ ./' "$src/LICENSE-MIT" 2>/dev/null || true
+} > "$doc/copyright"
+gzip -9n -c > "$doc/changelog.gz" <<CHANGES
+postgresql-15-alkblobs ($version) unstable; urgency=medium
+
+  * alkblobs extension $version; see docs/operations.md, "Versions".
+
+ -- alkblobs developers <alkblobs@example.org>  $(date -R -u -d @"$(git -C "$src" log -1 --format=%ct)")
+CHANGES
+
+# Shared-library dependencies, as dpkg computes them for the .so.
+shlibs=$(
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/debian"
+    printf 'Source: alkblobs\n\nPackage: postgresql-15-alkblobs\nArchitecture: any\n' > "$tmp/debian/control"
+    (cd "$tmp" && dpkg-shlibdeps -O -e "$stage$pkglibdir/alkblobs.so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+    rm -rf "$tmp"
+)
+size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
+mkdir -p "$stage/DEBIAN"
+cat > "$stage/DEBIAN/control" <<CONTROL
+Package: postgresql-15-alkblobs
+Version: $version
+Architecture: $arch
+Maintainer: alkblobs developers <alkblobs@example.org>
+Installed-Size: $size
+Depends: postgresql-15${shlibs:+, $shlibs}
+Section: database
+Priority: optional
+Homepage: https://github.com/alkblobs/alkblobs
+Description: content-addressed blob store, fleet garbage collection for PostgreSQL 15
+ The alkblobs extension: pools of deduplicated, content-addressed blobs
+ (rows and large objects), pins and liveness tables that protect them, and a
+ garbage collector that runs inside the database, swept from psql, from
+ store nodes, from pg_cron or by its own scheduler (which needs
+ shared_preload_libraries = 'alkblobs'; everything else works without it).
+ After installing: CREATE EXTENSION alkblobs; after upgrading: restart the
+ server if it preloads the library, then ALTER EXTENSION alkblobs UPDATE.
+CONTROL
+deb="$out/postgresql-15-alkblobs_${version}_${arch}.deb"
+dpkg-deb --root-owner-group -Zxz --build "$stage" "$deb" >&2
+echo "$deb"
