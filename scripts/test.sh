@@ -14,7 +14,12 @@
 #      it from the first, then CREATE EXTENSION and the engine and fleet
 #      suites there;
 #   6. the engine suites again through a transaction-mode pgbouncer
-#      (scripts/pgbouncer.sh), and stops everything.
+#      (scripts/pgbouncer.sh), a server restart and an outage;
+#   7. the Debian package: the previous release's (built from git history)
+#      installed with apt, upgraded in place to this version's, removed;
+#      and stops everything.
+# Also: cargo publish --dry-run of both crates (scripts/check-crates.sh),
+# and the monitoring config through Debian's prometheus-sql-exporter.
 # Exits non-zero if anything fails. A PostgreSQL test that cannot reach its
 # server fails; none skips.
 set -euo pipefail
@@ -24,6 +29,13 @@ step() { printf '\n==> %s (%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
 
 step "installing prerequisites and the extension"
 scripts/install-extension.sh
+
+step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it)"
+if ! dpkg -s prometheus-sql-exporter >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q prometheus-sql-exporter >/dev/null
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -43,6 +55,9 @@ cargo clippy -p alkblobs-tests --features pg --tests -- -D warnings
 step "cargo doc (warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core --features alkblobs/conformance,alkblobs/postgres
 
+step "the published crates: package contents and cargo publish --dry-run (scripts/check-crates.sh)"
+scripts/check-crates.sh
+
 step "workspace tests"
 cargo test --workspace --exclude alkblobs-pg
 cargo test -p alkblobs --features postgres --lib
@@ -58,7 +73,7 @@ step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
 step "PostgreSQL race, protocol, hardening and engine suites"
-ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_pg
 
 step "a second cluster, configured as nobody reconfigured it (no shared_preload_libraries): restores into it, CREATE EXTENSION, the engine and fleet suites"
@@ -78,5 +93,14 @@ ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_STORE_URL="$bouncer" cargo test -p alkblobs-t
 
 step "a server restart under a store (restarts the cluster: runs alone, last)"
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_restart
+
+step "the Debian package: this version's and the previous release's (built from git history), installed with apt, upgraded in place, removed"
+version=$(sed -n 's/^version = "\([0-9.]*\)".*/\1/p' pg_ext/Cargo.toml)
+bump=$(git log --format=%H -n1 -S"version = \"$version\"" -- pg_ext/Cargo.toml)
+[ -n "$bump" ] || { echo "cannot find the commit that made version $version in the git history (a shallow clone?)" >&2; exit 1; }
+deb_old=$(scripts/package.sh deb --rev "$bump^")
+deb_new=$(scripts/package.sh deb)
+echo "packages: $deb_old $deb_new"
+ALKBLOBS_DEB_OLD="$deb_old" ALKBLOBS_DEB_NEW="$deb_new" cargo test -p alkblobs-tests --features pg --test pg_package
 
 step "all tests passed"
