@@ -25,6 +25,10 @@
 --   present key was deleted under it is put again from the start instead
 --   of re-putting that key after the others (which could deadlock with a
 --   concurrent batch), and its pin rows are upserted in key order.
+-- * a fleet pool's first use after a server start or a restore gives every
+--   pin a fresh TTL and every mark a fresh window (alkblobs.adopt), so the
+--   first sweep deletes nothing that was protected when the server stopped
+--   or the dump was taken, however long that took.
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool
