@@ -6,8 +6,9 @@
 #       build (cargo pgrx package --release) and prints the path of the
 #       .deb it wrote (in target/packages/ unless --out). With --rev, the
 #       package of that commit (e.g. the previous release, for the upgrade
-#       test), built from a git worktree of it; the build shares this
-#       checkout's target directory, so only the extension is compiled.
+#       test), built from a git worktree of it with the dev profile; the
+#       build shares this checkout's target directory (dependencies) but
+#       not its release library.
 #
 # Install with `apt install ./postgresql-15-alkblobs_<v>_<arch>.deb` (or
 # dpkg -i), then CREATE EXTENSION alkblobs; remove with `apt remove
@@ -51,9 +52,14 @@ version=$(sed -n 's/^version = "\([0-9.]*\)".*/\1/p' "$src/pg_ext/Cargo.toml")
 arch=$(dpkg --print-architecture)
 stage="$root/target/package-stage/alkblobs-$version"
 rm -rf "$stage"
+# Another commit's package is built with the dev profile: its library then
+# lands in target/debug, never over this checkout's release build (which
+# scripts/install-extension.sh installs), while sharing the dependencies.
+profile=()
+[ -n "$rev" ] && profile=(--debug)
 (
     cd "$src/pg_ext"
-    CARGO_TARGET_DIR="$root/target" cargo pgrx package --pg-config "$pg_config" --out-dir "$stage" >&2
+    CARGO_TARGET_DIR="$root/target" cargo pgrx package "${profile[@]}" --pg-config "$pg_config" --out-dir "$stage" >&2
 )
 sharedir=$("$pg_config" --sharedir)
 pkglibdir=$("$pg_config" --pkglibdir)
