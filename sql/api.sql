@@ -68,45 +68,67 @@ BEGIN
     END LOOP;
 END $$;
 
--- A fleet pool's first use since the server started, or since it was
--- restored from a dump (its row names another incarnation of the
--- extension: alkblobs.incarnation is made by CREATE EXTENSION and never
--- dumped), in which time no instance could renew its pins: however long
--- the server was down or the restore took, every pin gets a fresh TTL and
--- every sealed mark a fresh window, from now. So the first sweep deletes
--- nothing that was protected when the server stopped or the dump was
--- taken, and instances that are still alive renew their pins as usual; a
--- dead instance's pins only lapse one TTL later. Run by every call that
--- reaps, stages, deletes, renews or confirms pins (under the pool's
--- sweeper lock, taken here if the pool needs it); once done, a comparison
--- of two values. Returns the pool row as it is now.
+-- Whether fleet pool `pl` has run under this server start and this
+-- incarnation of the extension (alkblobs.incarnation: made by CREATE
+-- EXTENSION, never dumped, so a restored pool names another one).
+CREATE FUNCTION alkblobs.adopted(pl alkblobs.pools) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN pl.mode = 'single'
+        OR (pl.seen_incarnation = (SELECT i.id FROM alkblobs.incarnation i)
+            AND pl.seen_start = pg_catalog.pg_postmaster_start_time());
+END $$;
+
+-- Whether a pin on `k` in pool `p` guards content that is still there:
+-- an entry, or a published file of the local tier.
+CREATE FUNCTION alkblobs.content_exists(p integer, k bytea) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = p AND e.key = k)
+        OR EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = p AND f.key = k AND f.published);
+END $$;
+
+-- A fleet pool's first sweep, stage or claim since the server started or
+-- since it was restored from a dump (alkblobs.adopted is false), during
+-- which no instance could renew its pins: however long the server was
+-- down or the restore took, every pin whose content is still there gets a
+-- fresh TTL and every sealed mark a fresh window, from now. So that first
+-- call deletes nothing that was protected when the server stopped or the
+-- dump was taken; instances still alive renew as usual, a dead one's pins
+-- lapse one TTL later. A pin on content already gone (the reaper may lag
+-- the executor) is not revived, and a pin row someone is changing right
+-- now (a renewal, an upsert, an unpin) is skipped, never waited for: its
+-- holder is alive. The caller holds the pool's sweeper lock. Once done,
+-- a comparison of two values. Returns the pool row as it is now.
 CREATE FUNCTION alkblobs.adopt(pl alkblobs.pools) RETURNS alkblobs.pools
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    inc uuid := (SELECT i.id FROM alkblobs.incarnation i);
-    started timestamptz := pg_catalog.pg_postmaster_start_time();
     pins bigint;
     marks bigint;
 BEGIN
-    IF pl.mode = 'single' OR (pl.seen_incarnation = inc AND pl.seen_start = started) THEN
+    IF alkblobs.adopted(pl) THEN
         RETURN pl;
     END IF;
-    PERFORM alkblobs.take_lock(pl.id, false);
-    SELECT * INTO pl FROM alkblobs.pools p WHERE p.id = pl.id;
-    IF pl.seen_incarnation = inc AND pl.seen_start = started THEN
-        RETURN pl;  -- another call did it while this one waited
-    END IF;
     UPDATE alkblobs.pins pn SET expires_at = clock_timestamp() + pl.pin_ttl
-     WHERE pn.pool = pl.id AND pn.expires_at < clock_timestamp() + pl.pin_ttl;
+      FROM (SELECT x.ctid AS t FROM alkblobs.pins x
+             WHERE x.pool = pl.id AND x.expires_at < clock_timestamp() + pl.pin_ttl
+               AND alkblobs.content_exists(x.pool, x.key)
+               FOR UPDATE SKIP LOCKED) l
+     WHERE pn.ctid = l.t;
     GET DIAGNOSTICS pins = ROW_COUNT;
     UPDATE alkblobs.marks mk SET mark_end = clock_timestamp()
      WHERE mk.pool = pl.id AND mk.mark_end < clock_timestamp();
     GET DIAGNOSTICS marks = ROW_COUNT;
     RAISE LOG 'alkblobs pool "%": first use since %: % pins get a fresh TTL (%), % marks a fresh window',
-              pl.name, CASE WHEN pl.seen_incarnation IS DISTINCT FROM inc THEN 'a restore from a dump' ELSE 'the server started' END,
+              pl.name, CASE WHEN pl.seen_incarnation IS DISTINCT FROM (SELECT i.id FROM alkblobs.incarnation i)
+                            THEN 'a restore from a dump' ELSE 'the server started' END,
               pins, pl.pin_ttl, marks;
-    UPDATE alkblobs.pools p SET seen_incarnation = inc, seen_start = started WHERE p.id = pl.id
+    UPDATE alkblobs.pools p SET seen_incarnation = (SELECT i.id FROM alkblobs.incarnation i),
+                                seen_start = pg_catalog.pg_postmaster_start_time()
+     WHERE p.id = pl.id
     RETURNING * INTO pl;
     RETURN pl;
 END $$;
@@ -784,7 +806,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-    VALUES (p.id, k, alkblobs.caller(), o, clock_timestamp() + p.pin_ttl)
+    VALUES (p.id, k, session_user, o, clock_timestamp() + p.pin_ttl)
     ON CONFLICT (pool, key, role, owner)
     DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
 END $$;
@@ -820,7 +842,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools;
-    me oid;
+    me name;
     actual bytea;
 BEGIN
     -- alkblobs.may's rules for 'write', inline.
@@ -852,7 +874,7 @@ BEGIN
             USING ERRCODE = 'AB001', HINT = 'Nothing was stored. Re-fetch the content; the key is its BLAKE3 hash.';
     END IF;
     IF $4 IS NOT NULL THEN
-        me := alkblobs.caller();
+        me := session_user;
     END IF;
     -- The entry row and the pin row commit together, or neither does.
     FOR attempt IN 1..5 LOOP
@@ -981,7 +1003,7 @@ BEGIN
         UPDATE alkblobs.files f SET published = true
          WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NULL
            AND EXISTS (SELECT 1 FROM alkblobs.pins pn
-                        WHERE pn.pool = pl.id AND pn.key = f.key AND pn.role = alkblobs.caller()
+                        WHERE pn.pool = pl.id AND pn.key = f.key AND pn.role = session_user
                           AND pn.owner = $3 AND pn.expires_at > clock_timestamp())
         RETURNING f.key;
 END $$;
@@ -999,7 +1021,7 @@ BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
     DELETE FROM alkblobs.pins pn
-     WHERE pn.pool = pl.id AND pn.key = $2 AND pn.owner = $3 AND (any_role OR pn.role = alkblobs.caller());
+     WHERE pn.pool = pl.id AND pn.key = $2 AND pn.owner = $3 AND (any_role OR pn.role = session_user);
     RETURN FOUND;
 END $$;
 
@@ -1013,13 +1035,18 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
-    me oid := alkblobs.caller();
+    me name := session_user;
     n bigint;
     skipped bigint;
+    stale boolean;
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_renew');
     PERFORM alkblobs.check_owner($2);
-    pl := alkblobs.adopt(pl);
+    -- Before the pool's first sweep since a server start or a restore
+    -- (alkblobs.adopt), the caller's pins that lapsed meanwhile are renewed
+    -- too if their content is still there: nothing could renew them, and
+    -- no executor runs before that sweep has given them a fresh TTL.
+    stale := NOT alkblobs.adopted(pl);
     -- A row a sweep holds (deciding its key) is passed over, not waited
     -- for: one long sweep call must not hold back the renewal of every pin
     -- of the instance. The next round (TTL/3 later) renews it.
@@ -1029,7 +1056,8 @@ BEGIN
     UPDATE alkblobs.pins pn
        SET expires_at = clock_timestamp() + pl.pin_ttl
       FROM (SELECT x.ctid AS t FROM alkblobs.pins x
-             WHERE x.pool = pl.id AND x.role = me AND x.owner = $2 AND x.expires_at > clock_timestamp()
+             WHERE x.pool = pl.id AND x.role = me AND x.owner = $2
+               AND (x.expires_at > clock_timestamp() OR (stale AND alkblobs.content_exists(x.pool, x.key)))
                FOR UPDATE SKIP LOCKED) l
      WHERE pn.ctid = l.t;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -1053,11 +1081,10 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
-    me oid := alkblobs.caller();
+    me name := session_user;
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_pins_held');
     PERFORM alkblobs.check_owner($2);
-    pl := alkblobs.adopt(pl);
     PERFORM alkblobs.not_null($3, 'keys');
     RETURN QUERY
         SELECT pn.key FROM alkblobs.pins pn
@@ -1081,7 +1108,7 @@ BEGIN
     PERFORM alkblobs.check_owner($2);
     PERFORM alkblobs.max_keys($3, 10000);
     DELETE FROM alkblobs.pins pn
-     WHERE pn.pool = pl.id AND pn.role = alkblobs.caller() AND pn.owner = $2 AND pn.key = ANY($3);
+     WHERE pn.pool = pl.id AND pn.role = session_user AND pn.owner = $2 AND pn.key = ANY($3);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -1100,7 +1127,7 @@ BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_unpin_all');
     PERFORM alkblobs.check_owner($2);
     DELETE FROM alkblobs.pins pn
-     WHERE pn.pool = pl.id AND pn.owner = $2 AND (any_role OR pn.role = alkblobs.caller());
+     WHERE pn.pool = pl.id AND pn.owner = $2 AND (any_role OR pn.role = session_user);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -1336,7 +1363,7 @@ BEGIN
     END IF;
     IF $4 IS NOT NULL THEN
         INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-        SELECT pl.id, u.k, alkblobs.caller(), $4, clock_timestamp() + pl.pin_ttl
+        SELECT pl.id, u.k, session_user, $4, clock_timestamp() + pl.pin_ttl
           FROM (SELECT DISTINCT unnest($2)) u(k)
          ORDER BY u.k  -- pin rows locked in key order, as the entries
         ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
@@ -1551,7 +1578,7 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
     o oid := pg_catalog.lo_create(0);
 BEGIN
-    INSERT INTO alkblobs.uploads (loid, pool, xact, role) VALUES (o, pl.id, pg_catalog.pg_current_xact_id(), alkblobs.caller());
+    INSERT INTO alkblobs.uploads (loid, pool, xact, role) VALUES (o, pl.id, pg_catalog.pg_current_xact_id(), session_user);
     RETURN o;
 END $$;
 
@@ -1579,7 +1606,7 @@ DECLARE
     u alkblobs.uploads;
 BEGIN
     SELECT * INTO u FROM alkblobs.uploads up
-     WHERE up.loid = o AND up.xact = pg_catalog.pg_current_xact_id() AND up.role = alkblobs.caller();
+     WHERE up.loid = o AND up.xact = pg_catalog.pg_current_xact_id() AND up.role = session_user;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'large object % is not an upload of this transaction', o
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Start one with alkblobs_lo_create(pool) in the same transaction.';
@@ -1804,7 +1831,7 @@ BEGIN
         RAISE EXCEPTION 'table % cannot be a liveness source: it %', $2, ls.problem USING ERRCODE = 'wrong_object_type';
     END IF;
     INSERT INTO alkblobs.liveness (pool, relid, forward_refs, registered_by)
-    VALUES (pl.id, $2, $3, alkblobs.caller())
+    VALUES (pl.id, $2, $3, session_user)
     ON CONFLICT ON CONSTRAINT liveness_pkey DO UPDATE SET forward_refs = EXCLUDED.forward_refs;
     -- Rows already in the table were written without this pool's guard.
     -- (No sweep of the pool runs until we commit: we hold its lock; the
@@ -2970,8 +2997,8 @@ BEGIN
         END IF;
     END IF;
     RETURN NEXT;
-    FOR r IN SELECT pn.owner, coalesce(ro.rolname, pn.role::text) AS role, pn.expires_at, pn.expires_at > clock_timestamp() AS valid
-               FROM alkblobs.pins pn LEFT JOIN pg_catalog.pg_roles ro ON ro.oid = pn.role
+    FOR r IN SELECT pn.owner, pn.role::text AS role, pn.expires_at, pn.expires_at > clock_timestamp() AS valid
+               FROM alkblobs.pins pn
               WHERE pn.pool = pl.id AND pn.key = $2 ORDER BY pn.owner, 2 LOOP
         aspect := 'pin';
         IF r.valid THEN

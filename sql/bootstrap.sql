@@ -65,9 +65,11 @@ CREATE TABLE alkblobs.pools (
     mode          text NOT NULL DEFAULT 'fleet' CONSTRAINT mode_known CHECK (mode IN ('fleet', 'single')),
     -- The role that created the pool (its login role): it and its members
     -- have every access to the pool; others need a grant (pool_grants).
-    -- regrole, like every role column pg_dump writes (0.8.0; an oid
-    -- before): dumped as the role's name, so a restore into another
-    -- cluster, whose roles have other OIDs, maps it to the same role.
+    -- A regrole (0.8.0; an oid before): dumped as the role's name, so a
+    -- restore into another cluster, whose roles have other OIDs, maps it to
+    -- the same role; a missing role fails the pool's restore, which fails
+    -- closed (no pool, no sweep). So does pool_grants.grantee. Pins,
+    -- registrations and uploads keep names instead (see pins.role).
     owner         regrole NOT NULL,
     -- Largest large object an upload may write (offset + chunk length).
     max_object_bytes bigint NOT NULL DEFAULT 68719476736
@@ -129,7 +131,11 @@ CREATE TABLE alkblobs.entries (
 CREATE TABLE alkblobs.pins (
     pool       integer NOT NULL,
     key        bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
-    role       regrole NOT NULL,
+    -- The session role's name (0.8.0; an oid before): a restore into a
+    -- cluster whose roles have other OIDs keeps each pin with its role, and
+    -- one whose role is missing there still loads (and protects until it
+    -- expires) where a regrole would make the whole table fail to load.
+    role       name NOT NULL,
     owner      text NOT NULL CONSTRAINT owner_format CHECK (length(owner) BETWEEN 1 AND 200),
     pinned_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     expires_at timestamptz NOT NULL,
@@ -150,7 +156,9 @@ CREATE TABLE alkblobs.liveness (
     -- with AB002. true: such a row is accepted and protects the content if
     -- it is put later (see docs/design.md §4 for what that gives up).
     forward_refs  boolean NOT NULL DEFAULT false,
-    registered_by regrole NOT NULL,
+    -- A name, not a regrole, for the reason given at pins.role: a missing
+    -- role must never make the registrations fail to load.
+    registered_by name NOT NULL,
     registered_at timestamptz NOT NULL DEFAULT now(),
     -- Rows may have reached the table without this pool's guard (DDL that
     -- could not be checked on the spot: alkblobs.on_ddl_end): 'recheck'
@@ -195,7 +203,7 @@ CREATE TABLE alkblobs.uploads (
     loid       oid PRIMARY KEY,
     pool       integer NOT NULL REFERENCES alkblobs.pools (id),
     xact       xid8 NOT NULL,
-    role       regrole NOT NULL,
+    role       name NOT NULL,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX uploads_by_pool ON alkblobs.uploads (pool);

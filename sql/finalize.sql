@@ -18,10 +18,9 @@ SELECT p.name AS pool, coalesce(r.rolname, g.grantee::text) AS grantee, g.access
  WHERE alkblobs.may(p, 'read');
 
 CREATE VIEW @extschema@.alkblobs_pins WITH (security_barrier) AS
-SELECT p.name AS pool, encode(pn.key, 'hex') AS key, coalesce(r.rolname, pn.role::text) AS role, pn.owner,
+SELECT p.name AS pool, encode(pn.key, 'hex') AS key, pn.role::text AS role, pn.owner,
        pn.pinned_at, pn.expires_at, pn.expires_at <= clock_timestamp() AS expired
   FROM alkblobs.pins pn JOIN alkblobs.pools p ON p.id = pn.pool
-  LEFT JOIN pg_catalog.pg_roles r ON r.oid = pn.role
  WHERE alkblobs.may(p, 'read');
 
 CREATE VIEW @extschema@.alkblobs_staged WITH (security_barrier) AS

@@ -6,11 +6,13 @@
 --   preloading); the sweep scheduler is then off, said by a WARNING at
 --   CREATE EXTENSION / ALTER EXTENSION UPDATE and by alkblobs_health's
 --   reasons (alkblobs.scheduler_preloaded, alkblobs.scheduler_off_reason);
--- * the role columns pg_dump writes (pools.owner, pool_grants.grantee,
---   pins.role, liveness.registered_by, uploads.role) are regrole instead
---   of oid: dumped as role names, so a restore into another cluster hands
---   every pool, grant and pin to the same roles (by name) and not to
---   whichever roles got those OIDs there;
+-- * the role columns pg_dump writes are role names instead of OIDs, so a
+--   restore into another cluster hands every pool, grant and pin to the
+--   same roles (by name) and not to whichever roles got those OIDs there:
+--   pools.owner and pool_grants.grantee are regrole (a missing role fails
+--   their restore: closed), pins.role, liveness.registered_by and
+--   uploads.role plain names (a missing role must never drop pins or
+--   registrations from a restore);
 -- * an upload row restored from another cluster (its transaction id is
 --   that cluster's) counts as abandoned instead of making alkblobs_sweep,
 --   alkblobs_usage and alkblobs_health fail with 22023
@@ -30,27 +32,27 @@
 CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool
 STABLE PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'scheduler_preloaded_wrapper';
 
--- Role columns become regrole. The views that read them are dropped here
+-- Role columns become role names. The views that read them are dropped here
 -- and created again below (with their grants, by the policy).
 DROP VIEW @extschema@.alkblobs_pools;
 DROP VIEW @extschema@.alkblobs_pool_grants;
 DROP VIEW @extschema@.alkblobs_pins;
 ALTER TABLE alkblobs.pools ALTER COLUMN owner TYPE regrole;
 ALTER TABLE alkblobs.pool_grants ALTER COLUMN grantee TYPE regrole;
-ALTER TABLE alkblobs.pins ALTER COLUMN role TYPE regrole;
-ALTER TABLE alkblobs.liveness ALTER COLUMN registered_by TYPE regrole;
-ALTER TABLE alkblobs.uploads ALTER COLUMN role TYPE regrole;
+ALTER TABLE alkblobs.pins ALTER COLUMN role TYPE name USING pg_catalog.pg_get_userbyid(role);
+ALTER TABLE alkblobs.liveness ALTER COLUMN registered_by TYPE name USING pg_catalog.pg_get_userbyid(registered_by);
+ALTER TABLE alkblobs.uploads ALTER COLUMN role TYPE name USING pg_catalog.pg_get_userbyid(role);
 
 -- A pool's first use after a server start or a restore gives its pins a
 -- fresh TTL and its marks a fresh window (alkblobs.adopt): the
 -- installation's incarnation (never dumped) and what each pool last ran
--- under. Existing pools are recorded as running under this server now.
+-- under.
 CREATE TABLE alkblobs.incarnation (
     id         uuid NOT NULL DEFAULT gen_random_uuid(),
     created_at timestamptz NOT NULL DEFAULT now(),
     one        boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (one)
 );
 INSERT INTO alkblobs.incarnation DEFAULT VALUES;
+-- Left NULL: the first sweep after the upgrade adopts every pool (the
+-- package upgrade before it restarted the server, or will).
 ALTER TABLE alkblobs.pools ADD COLUMN seen_incarnation uuid, ADD COLUMN seen_start timestamptz;
-UPDATE alkblobs.pools SET seen_incarnation = (SELECT id FROM alkblobs.incarnation),
-                          seen_start = pg_catalog.pg_postmaster_start_time();

@@ -73,10 +73,11 @@ impl Drop for Cleanup {
 async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_once() {
     let id = std::process::id();
     let (src_db, dst_db) = (format!("restore_src_{id}"), format!("restore_dst_{id}"));
-    let (owner, writer, admin) = (
+    let (owner, writer, admin, gone) = (
         format!("r_owner_{id}"),
         format!("r_writer_{id}"),
         format!("r_admin_{id}"),
+        format!("r_gone_{id}"),
     );
     let src = conn(&url()).await;
     let dst = conn(&other_url()).await;
@@ -101,7 +102,9 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
     src.batch_execute(&format!(
         "CREATE EXTENSION IF NOT EXISTS alkblobs;
          DROP ROLE IF EXISTS {owner}; DROP ROLE IF EXISTS {writer}; DROP ROLE IF EXISTS {admin};
+         DROP ROLE IF EXISTS {gone};
          CREATE ROLE {admin} LOGIN IN ROLE alkblobs_admin;
+         CREATE ROLE {gone} LOGIN IN ROLE alkblobs_writer;
          CREATE ROLE {writer} LOGIN IN ROLE alkblobs_writer;
          CREATE ROLE {owner} LOGIN IN ROLE alkblobs_admin;"
     ))
@@ -151,6 +154,22 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .unwrap()
         .get(0);
     assert_eq!(renewed, 1);
+    // A pin of a role the target will not have.
+    o.batch_execute(&format!(
+        "SELECT alkblobs_grant_pool('busy', '{gone}', 'write')"
+    ))
+    .await
+    .unwrap();
+    let g = conn(&with_db(&url(), &src_db, &gone)).await;
+    g.batch_execute("SELECT alkblobs_put('busy', alkblobs_key('pinned by a gone role'), 'pinned by a gone role', 'g')")
+        .await
+        .unwrap();
+    drop(g);
+    o.batch_execute(&format!(
+        "SELECT alkblobs_revoke_pool('busy', '{gone}', 'write')"
+    ))
+    .await
+    .unwrap();
     let upload_xact: String = s
         .query_one("SELECT max(xact)::text FROM alkblobs.uploads", &[])
         .await
@@ -171,6 +190,11 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .arg("-f")
         .arg(roles_file.path())
         .output()
+        .unwrap();
+    // That role is missing in the target (the operator dropped it, or did
+    // not move it): its pin must still load, and protect.
+    dst.batch_execute(&format!("DROP ROLE IF EXISTS {gone}"))
+        .await
         .unwrap();
     run(Command::new(format!("{BIN}/pg_dump"))
         .args(["-Fc", "-f"])
@@ -231,7 +255,13 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(pins, vec![(owner.clone(), "inst1".to_owned())]);
+    assert_eq!(
+        pins,
+        vec![
+            (gone.clone(), "g".to_owned()),
+            (owner.clone(), "inst1".to_owned())
+        ]
+    );
 
     // Access follows: the owner renews its pins, the writer writes, an
     // admin who is neither is refused.
@@ -296,7 +326,12 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let mut want = vec![key(b"pinned"), key(b"held"), key(b"by writer")];
+    let mut want = vec![
+        key(b"pinned"),
+        key(b"held"),
+        key(b"by writer"),
+        key(b"pinned by a gone role"),
+    ];
     want.sort();
     assert_eq!(left, want, "exactly the garbage went");
     // The staged row whose window had not ended at the dump has a whole
@@ -329,7 +364,7 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .unwrap();
     for c in [&src, &dst] {
         c.batch_execute(&format!(
-            "DROP ROLE IF EXISTS {owner}; DROP ROLE IF EXISTS {writer}; DROP ROLE IF EXISTS {admin}"
+            "DROP ROLE IF EXISTS {owner}; DROP ROLE IF EXISTS {writer}; DROP ROLE IF EXISTS {admin}; DROP ROLE IF EXISTS {gone}"
         ))
         .await
         .unwrap();
