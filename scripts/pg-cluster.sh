@@ -5,6 +5,7 @@
 #   scripts/pg-cluster.sh url     print the connection URL
 #   scripts/pg-cluster.sh restart stop (fast: every session dropped) and start it again
 #   scripts/pg-cluster.sh down-for N  stop it, N seconds down, start it again
+#   scripts/pg-cluster.sh restart-immediate  kill it (immediate shutdown) and start it again
 #   scripts/pg-cluster.sh log     print the path of the server log
 #   scripts/pg-cluster.sh ca      print the CA certificate that signed the
 #                                 server's (TLS is on: sslmode=verify-full
@@ -113,6 +114,11 @@ restart)
     # Fast shutdown (every session disconnected) and start again.
     as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -m fast -w -t 60 restart >/dev/null
     ;;
+restart-immediate)
+    # Immediate shutdown (the server process killed, crash recovery at the
+    # start) and start again.
+    as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -m immediate -w -t 60 restart >/dev/null
+    ;;
 down-for)
     # Fast shutdown, $2 seconds down (an outage), start again.
     as_pg "$bindir/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
@@ -120,7 +126,7 @@ down-for)
     as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null
     ;;
 *)
-    echo "usage: $0 start|stop|restart|down-for N|url|ca|log" >&2
+    echo "usage: $0 start|stop|restart|restart-immediate|down-for N|url|ca|log" >&2
     exit 2
     ;;
 esac

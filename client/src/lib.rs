@@ -39,7 +39,10 @@ pub mod conformance;
 mod error;
 mod key;
 mod pager;
+#[cfg(feature = "postgres")]
+pub(crate) mod pg;
 pub mod store;
+mod tier;
 
 pub use arbiter::{
     Arbiter, GcAbortCause, LiveCheck, LiveSet, LiveSnapshot, LivenessSource, PinGuard, StagedRow,

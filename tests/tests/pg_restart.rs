@@ -270,3 +270,78 @@ async fn an_outage_longer_than_the_pin_ttl_loses_no_pin() {
         .await
     );
 }
+
+/// What a store's calls return while the server restarts, by the driver's
+/// error kinds (connection closed, I/O, connect, TLS): every failure of a
+/// put, a get or a sweep during a fast and an immediate restart, and every
+/// call to a port where nothing listens, is `Error::Unavailable` —
+/// retryable, as docs/design.md promises. Until the classification went by
+/// the driver's kinds, "error communicating with the server" and "error
+/// connecting to server" came back as `Engine` (not retryable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_and_a_refused_connection_fail_calls_as_unavailable() {
+    let _one = RESTARTS.lock().await;
+    // Nothing listens on port 1.
+    let e = Store::open_postgres(PostgresOptions::new(
+        "postgresql://postgres@127.0.0.1:1/alkblobs_test",
+        "x",
+    ))
+        .await
+        .expect_err("nothing listens there");
+    assert!(
+        matches!(e, alkblobs::Error::Unavailable { .. }),
+        "a refused connection: {e:?}"
+    );
+    let c = connect().await;
+    let pool =
+        alkblobs_tests::pg::pool_with(&c, "kinds", "0 seconds", "60 seconds", "pg-lo", true).await;
+    drop(c);
+    let store = Store::open_postgres(PostgresOptions::new(url(), &pool).threshold(1024))
+        .await
+        .unwrap();
+    for mode in ["restart", "restart-immediate"] {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let workers: Vec<_> = (0..3u32)
+            .map(|w| {
+                let (store, stop) = (store.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut errors = Vec::new();
+                    let mut i = 0u32;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        i += 1;
+                        let r = match w {
+                            0 => store
+                                .put(format!("kinds {mode} {i}").into_bytes())
+                                .await
+                                .map(drop),
+                            1 => store.get(&Key::of(b"absent")).await.map(drop),
+                            _ => store.sweep(SweepOptions::new()).await.map(drop),
+                        };
+                        if let Err(e) = r {
+                            errors.push(e);
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    errors
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::task::spawn_blocking(move || cluster(mode)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut all = Vec::new();
+        for w in workers {
+            all.extend(w.await.unwrap());
+        }
+        assert!(!all.is_empty(), "{mode}: no call failed: the test did not exercise it");
+        for e in &all {
+            assert!(
+                matches!(e, alkblobs::Error::Unavailable { .. }),
+                "{mode}: not Unavailable: {e:?}"
+            );
+        }
+        // And the store works again.
+        eventually(|| store.get(&Key::of(b"absent"))).await;
+    }
+}

@@ -50,8 +50,8 @@ use super::{
     Arbiter, GcAbortCause, GcUsage, LivenessSource, PinGuard, PinRelease, Pool, Scope, StagedRow,
     SweepOptions, SweepPhase, SweepProgress, SweepReport,
 };
-use crate::backend::postgres::{InTx, PgPool, PoolInfo, db_err, finish};
-use crate::store::Tier;
+use crate::pg::{InTx, PgPool, PoolInfo, PoolLargeTier, db_err, finish};
+use crate::tier::Tier;
 use crate::{Error, Key, Result};
 
 /// Keys per `alkblobs_unpin_many` / `alkblobs_local_published` /
@@ -525,7 +525,7 @@ impl FleetArbiter {
     }
 
     fn local_tier(&self) -> bool {
-        self.shared.info.large_tier == "local"
+        self.shared.info.large_tier == PoolLargeTier::Local
     }
 
     fn stop_tasks(&self) {

@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::backend::{Backend, KeyStream, LargeBackend};
-use crate::store::Tier;
+use crate::tier::Tier;
 use crate::{Key, Result};
 
 #[cfg(feature = "postgres")]
@@ -94,7 +94,7 @@ impl Pool {
     /// Every key of both tiers, ascending, each once, streamed.
     pub fn list(&self) -> KeyStream<'_> {
         match &self.large {
-            Some(l) => crate::store::merge_sorted(self.kv.list(), l.list()),
+            Some(l) => crate::tier::merge_sorted(self.kv.list(), l.list()),
             None => self.kv.list(),
         }
     }

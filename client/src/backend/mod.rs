@@ -15,7 +15,6 @@ use std::pin::Pin;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use tokio::io::AsyncRead;
 
 use crate::{Key, Result};
@@ -23,16 +22,13 @@ use crate::{Key, Result};
 pub mod local;
 pub mod mem;
 #[cfg(feature = "postgres")]
-mod pg_tls;
-#[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod sqlite;
 
 mod lockfile;
 pub(crate) use lockfile::{InstanceLock, Wait};
 
-/// A stream of keys, in ascending byte order, each at most once.
-pub type KeyStream<'a> = BoxStream<'a, Result<Key>>;
+pub use crate::tier::KeyStream;
 
 /// A reader over one blob's bytes.
 pub type BlobReader = Pin<Box<dyn AsyncRead + Send>>;

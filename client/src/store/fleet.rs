@@ -31,7 +31,9 @@ use std::sync::Arc;
 use super::{DEFAULT_THRESHOLD, Store};
 use crate::arbiter::fleet::{FleetArbiter, instance_id};
 use crate::backend::local::{LocalBackend, LocalOptions};
-use crate::backend::postgres::{PgLoBackend, PgOptions, PgPool, PostgresBackend};
+use crate::backend::postgres::{
+    PgLoBackend, PgOptions, PgPool, PoolLargeTier, PoolMode, PostgresBackend,
+};
 use crate::{Error, Result};
 
 /// The large tier a fleet store declares (the fleet-validity rule).
@@ -50,11 +52,11 @@ pub enum FleetLarge {
 
 impl FleetLarge {
     /// The pool's `large_tier` this declaration matches.
-    fn pool_tier(&self) -> &'static str {
+    fn pool_tier(&self) -> PoolLargeTier {
         match self {
-            FleetLarge::PgLo => "pg-lo",
-            FleetLarge::SharedLocal(_) => "local",
-            FleetLarge::KvOnly => "none",
+            FleetLarge::PgLo => PoolLargeTier::PgLo,
+            FleetLarge::SharedLocal(_) => PoolLargeTier::Local,
+            FleetLarge::KvOnly => PoolLargeTier::None,
         }
     }
 }
@@ -139,7 +141,7 @@ impl Store {
             )));
         }
         let (pg, info) = PgPool::connect(&opts.pg).await?;
-        if info.mode != "fleet" {
+        if info.mode != PoolMode::Fleet {
             return Err(Error::Config(format!(
                 "pool {:?} is a single-instance pool: one store instance owns it and sweeps it in process (Store::open_postgres); a fleet needs a fleet pool (alkblobs_create_pool without single_instance)",
                 info.name
@@ -151,13 +153,13 @@ impl Store {
             return Err(Error::Config(format!(
                 "the fleet-validity rule: every node of a fleet declares the pool's large tier, and pool {:?} keeps large content in {:?}, not {:?} ({}). Declare {}",
                 info.name,
-                info.large_tier,
-                opts.large.pool_tier(),
+                info.large_tier.as_str(),
+                opts.large.pool_tier().as_str(),
                 "pg-lo: large objects in the same database; local: the same fleet-shared media on every node; none: kv-only, large content routed to a storage node",
-                match info.large_tier.as_str() {
-                    "pg-lo" => "FleetLarge::PgLo (--large pg-lo)",
-                    "local" => "FleetLarge::SharedLocal(dir) (--large local=DIR --shared-media)",
-                    _ => "FleetLarge::KvOnly (--large none)",
+                match info.large_tier {
+                    PoolLargeTier::PgLo => "FleetLarge::PgLo (--large pg-lo)",
+                    PoolLargeTier::Local => "FleetLarge::SharedLocal(dir) (--large local=DIR --shared-media)",
+                    PoolLargeTier::None => "FleetLarge::KvOnly (--large none)",
                 }
             )));
         }

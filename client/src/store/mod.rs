@@ -13,7 +13,7 @@
 //! - `gc.rs`: pins, sweeps, roots and liveness, forwarded to the arbiter;
 //! - `verify.rs`: verified reads and the scrub;
 //! - `usage.rs`: pool accounting;
-//! - `dispatch.rs`: the tier rule and the union listing;
+//! - the tier rule and the union listing are the foundation (`crate::tier`);
 //! - `types.rs`: what operations return.
 
 use std::sync::Arc;
@@ -23,7 +23,6 @@ use crate::backend::{Backend, LargeBackend};
 use crate::{Error, Result};
 
 mod builder;
-mod dispatch;
 #[cfg(feature = "postgres")]
 pub mod fleet;
 mod gc;
@@ -37,8 +36,7 @@ mod usage;
 mod verify;
 
 pub use builder::{DEFAULT_THRESHOLD, MAX_THRESHOLD, StoreBuilder};
-pub use dispatch::Tier;
-pub(crate) use dispatch::merge_sorted;
+pub use crate::tier::Tier;
 pub use gc::{ExplainRow, Explanation};
 pub use presets::DirOptions;
 pub use types::{EntryMeta, Put, PutInfo, PutMany, TierUsage, Usage};
@@ -120,7 +118,7 @@ impl Store {
     /// The tier a blob of `size` bytes goes to, or [`Error::TooLarge`] in
     /// kv-only mode.
     fn tier_checked(&self, size: u64) -> Result<Tier> {
-        let tier = dispatch::tier_for(size, self.inner.threshold);
+        let tier = crate::tier::tier_for(size, self.inner.threshold);
         if tier == Tier::Large && self.inner.pool.large().is_none() {
             return Err(Error::TooLarge {
                 size,

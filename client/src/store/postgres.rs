@@ -10,7 +10,9 @@ use std::sync::Arc;
 use super::{DEFAULT_THRESHOLD, Store};
 use crate::arbiter::single::{PgGcTables, SingleNodeArbiter};
 use crate::backend::local::{LocalBackend, LocalOptions};
-use crate::backend::postgres::{PgLoBackend, PgOptions, PgPool, PostgresBackend};
+use crate::backend::postgres::{
+    PgLoBackend, PgOptions, PgPool, PoolLargeTier, PoolMode, PostgresBackend,
+};
 use crate::{Error, Result};
 
 /// Where the large tier of a single-instance PostgreSQL store lives. It
@@ -85,7 +87,7 @@ impl Store {
     /// tier asked for is not the one the pool declares.
     pub async fn open_postgres(opts: PostgresOptions) -> Result<Store> {
         let (pg, info) = PgPool::connect(&opts.pg).await?;
-        if info.mode != "single" {
+        if info.mode != PoolMode::Single {
             return Err(Error::Config(format!(
                 "pool {:?} is a fleet pool: several instances may use it, so an in-process arbiter must not sweep it; use a single-instance pool (alkblobs_create_pool(…, single_instance => true)) for one instance",
                 info.name
@@ -101,16 +103,19 @@ impl Store {
         let mismatch = |asked: &str| {
             Error::Config(format!(
                 "pool {:?} keeps large content in tier {:?}, not {asked}; open it with that large tier",
-                info.name, info.large_tier
+                info.name,
+                info.large_tier.as_str()
             ))
         };
-        let builder = match (&opts.large, info.large_tier.as_str()) {
-            (PgLarge::FromPool | PgLarge::PgLo, "pg-lo") => builder.large(PgLoBackend::new(pg)),
-            (PgLarge::FromPool | PgLarge::None, "none") => builder.kv_only(),
-            (PgLarge::Local(dir), "local") => {
+        let builder = match (&opts.large, info.large_tier) {
+            (PgLarge::FromPool | PgLarge::PgLo, PoolLargeTier::PgLo) => {
+                builder.large(PgLoBackend::new(pg))
+            }
+            (PgLarge::FromPool | PgLarge::None, PoolLargeTier::None) => builder.kv_only(),
+            (PgLarge::Local(dir), PoolLargeTier::Local) => {
                 builder.large(LocalBackend::open(dir, LocalOptions::default()).await?)
             }
-            (PgLarge::FromPool, "local") => {
+            (PgLarge::FromPool, PoolLargeTier::Local) => {
                 return Err(Error::Config(format!(
                     "pool {:?} keeps large content in files on a local tier: give its directory (PgLarge::Local)",
                     info.name
@@ -119,12 +124,6 @@ impl Store {
             (PgLarge::PgLo, _) => return Err(mismatch("pg-lo")),
             (PgLarge::None, _) => return Err(mismatch("none")),
             (PgLarge::Local(_), _) => return Err(mismatch("local")),
-            (PgLarge::FromPool, other) => {
-                return Err(Error::Config(format!(
-                    "pool {:?} declares an unknown large tier {other:?}",
-                    info.name
-                )));
-            }
         };
         builder.build()
     }

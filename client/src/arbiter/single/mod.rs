@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{Arbiter, GcUsage, LivenessSource, PinGuard, Pool, Scope, SweepOptions, SweepReport};
-use crate::store::Tier;
+use crate::tier::Tier;
 use crate::{Error, Key, Result};
 
 #[cfg(feature = "postgres")]

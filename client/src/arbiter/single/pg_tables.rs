@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio_postgres::types::Type;
 
 use super::tables::{GcTables, StagedRow};
-use crate::backend::postgres::PgPool;
+use crate::pg::PgPool;
 use crate::{Error, Key, Result};
 
 /// `single_staged` and `single_roots` rows of one pool.

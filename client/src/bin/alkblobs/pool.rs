@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use alkblobs::backend::postgres::{PgPool, PoolInfo, PoolSettings};
+use alkblobs::backend::postgres::{PgPool, PoolInfo, PoolLargeTier, PoolSettings};
 use alkblobs::store::postgres::PgLarge;
 use clap::Subcommand;
 
@@ -86,8 +86,8 @@ struct PoolRow<'a> {
 fn row(p: &PoolInfo) -> PoolRow<'_> {
     PoolRow {
         pool: &p.name,
-        mode: &p.mode,
-        large_tier: &p.large_tier,
+        mode: p.mode.as_str(),
+        large_tier: p.large_tier.as_str(),
         delete_window_secs: p.delete_window.as_secs_f64(),
         pin_ttl_secs: p.pin_ttl.as_secs_f64(),
         sweep_every_secs: p.sweep_every.map(|d| d.as_secs_f64()),
@@ -134,9 +134,9 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
             let mut s = PoolSettings::new().single_instance(*single_instance);
             let large = match &pg.large {
                 PgLarge::FromPool => None,
-                PgLarge::PgLo => Some("pg-lo"),
-                PgLarge::None => Some("none"),
-                _ => Some("local"),
+                PgLarge::PgLo => Some(PoolLargeTier::PgLo),
+                PgLarge::None => Some(PoolLargeTier::None),
+                _ => Some(PoolLargeTier::Local),
             };
             if let Some(w) = window {
                 s = s.delete_window(*w);

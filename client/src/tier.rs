@@ -1,15 +1,17 @@
-//! Tier dispatch: which engine a put goes to, and the union listing.
-//!
-//! Puts at or under the threshold go to kv, larger ones to large (or are
-//! refused in kv-only mode). Reads fall through kv then large, so a blob
-//! written under an older threshold is still found. `list` is the sorted
-//! merge of both engines' sorted listings, each key once.
+//! The foundation under the engines, the arbiters and the store: the tier
+//! an entry lives in (kv at or under the threshold, large above it), the
+//! key streams every engine lists, and their sorted union (how a store
+//! lists both tiers, and an arbiter marks them). Depends on nothing of the
+//! crate but keys and errors.
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 
 use crate::Key;
 use crate::Result;
-use crate::backend::KeyStream;
+
+/// A stream of keys, in ascending byte order, each at most once.
+pub type KeyStream<'a> = BoxStream<'a, Result<Key>>;
 
 /// The storage tier of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]

@@ -1,0 +1,15 @@
+//! The PostgreSQL client under the `postgres` and `pg-lo` engines and the
+//! fleet arbiter (feature `postgres`): connections to a pool's database
+//! and their TLS, transactions that never go back to the pool half-done,
+//! the driver's errors as this crate's, and pool administration. Neither
+//! an engine nor an arbiter: both build on it.
+
+mod admin;
+mod connection;
+mod errors;
+mod tls;
+
+pub use admin::{PoolHealth, PoolInfo, PoolLargeTier, PoolMode, PoolSettings};
+pub use connection::{EXTENSION_VERSION, PgOptions, PgPool};
+pub(crate) use connection::{InTx, finish};
+pub(crate) use errors::{db_err, rename};
