@@ -286,8 +286,8 @@ async fn a_restart_and_a_refused_connection_fail_calls_as_unavailable() {
         "postgresql://postgres@127.0.0.1:1/alkblobs_test",
         "x",
     ))
-        .await
-        .expect_err("nothing listens there");
+    .await
+    .expect_err("nothing listens there");
     assert!(
         matches!(e, alkblobs::Error::Unavailable { .. }),
         "a refused connection: {e:?}"
@@ -327,14 +327,19 @@ async fn a_restart_and_a_refused_connection_fail_calls_as_unavailable() {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(300)).await;
-        tokio::task::spawn_blocking(move || cluster(mode)).await.unwrap();
+        tokio::task::spawn_blocking(move || cluster(mode))
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut all = Vec::new();
         for w in workers {
             all.extend(w.await.unwrap());
         }
-        assert!(!all.is_empty(), "{mode}: no call failed: the test did not exercise it");
+        assert!(
+            !all.is_empty(),
+            "{mode}: no call failed: the test did not exercise it"
+        );
         for e in &all {
             assert!(
                 matches!(e, alkblobs::Error::Unavailable { .. }),
@@ -342,6 +347,7 @@ async fn a_restart_and_a_refused_connection_fail_calls_as_unavailable() {
             );
         }
         // And the store works again.
-        eventually(|| store.get(&Key::of(b"absent"))).await;
+        let absent = Key::of(b"absent");
+        eventually(|| store.get(&absent)).await;
     }
 }

@@ -241,10 +241,7 @@ impl PgPool {
         let window = settings.delete_window.unwrap_or(Duration::from_secs(300));
         let ttl = settings.pin_ttl.unwrap_or(Duration::from_secs(60));
         let (w, t) = (secs_text(window), secs_text(ttl));
-        let large = settings
-            .large_tier
-            .unwrap_or(PoolLargeTier::PgLo)
-            .as_str();
+        let large = settings.large_tier.unwrap_or(PoolLargeTier::PgLo).as_str();
         self.rows(
             self,
             None,

@@ -54,7 +54,6 @@ impl PgOptions {
     }
 }
 
-
 /// A connection pool to one alkblobs pool, shared by its engines, the
 /// fleet arbiter and the single-instance arbiter's tables.
 #[derive(Clone)]
@@ -85,7 +84,6 @@ impl fmt::Display for PgPool {
         f.write_str(&self.inner.display)
     }
 }
-
 
 impl PgPool {
     /// Connects to `opts.url` and checks that the database has the
@@ -200,11 +198,9 @@ impl PgPool {
         };
         pool_info(&row)
     }
-
 }
 
 impl PgPool {
-
     /// The pool's name.
     pub fn name(&self) -> &str {
         &self.inner.name

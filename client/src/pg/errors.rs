@@ -122,7 +122,10 @@ pub(crate) fn db_err(
     }
 }
 
-pub(super) fn pool_err(engine: &(dyn fmt::Display + Sync), e: deadpool_postgres::PoolError) -> Error {
+pub(super) fn pool_err(
+    engine: &(dyn fmt::Display + Sync),
+    e: deadpool_postgres::PoolError,
+) -> Error {
     use deadpool_postgres::PoolError;
     match e {
         PoolError::Backend(e) => db_err(engine, None, e),

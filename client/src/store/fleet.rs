@@ -158,7 +158,8 @@ impl Store {
                 "pg-lo: large objects in the same database; local: the same fleet-shared media on every node; none: kv-only, large content routed to a storage node",
                 match info.large_tier {
                     PoolLargeTier::PgLo => "FleetLarge::PgLo (--large pg-lo)",
-                    PoolLargeTier::Local => "FleetLarge::SharedLocal(dir) (--large local=DIR --shared-media)",
+                    PoolLargeTier::Local =>
+                        "FleetLarge::SharedLocal(dir) (--large local=DIR --shared-media)",
                     PoolLargeTier::None => "FleetLarge::KvOnly (--large none)",
                 }
             )));

@@ -35,8 +35,8 @@ mod types;
 mod usage;
 mod verify;
 
-pub use builder::{DEFAULT_THRESHOLD, MAX_THRESHOLD, StoreBuilder};
 pub use crate::tier::Tier;
+pub use builder::{DEFAULT_THRESHOLD, MAX_THRESHOLD, StoreBuilder};
 pub use gc::{ExplainRow, Explanation};
 pub use presets::DirOptions;
 pub use types::{EntryMeta, Put, PutInfo, PutMany, TierUsage, Usage};

@@ -7,9 +7,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio_postgres::types::Type;
 
-use crate::pg::PgPool;
 use super::queries::{delete_keys, list_tier, stat, tier_usage};
 use crate::backend::{Backend, KeyStream, PutOutcome, Sharing};
+use crate::pg::PgPool;
 use crate::{Error, Key, Result};
 
 /// Bytes per `alkblobs_put_many` call (values travel in one message).
@@ -157,4 +157,3 @@ impl Backend for PostgresBackend {
         Ok(())
     }
 }
-

@@ -12,11 +12,13 @@ use deadpool_postgres::Object;
 use futures::StreamExt;
 use tokio_postgres::types::Type;
 
-use crate::pg::{InTx, PgPool, finish};
-use crate::pg::{db_err, rename};
 use super::queries::{delete_keys, list_tier, stat, tier_usage};
 use super::writer::{PgLoWrite, tokio_stream_from};
-use crate::backend::{Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite};
+use crate::backend::{
+    Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite,
+};
+use crate::pg::{InTx, PgPool, finish};
+use crate::pg::{db_err, rename};
 use crate::{Error, Key, Result};
 
 /// Bytes per `alkblobs_lo_write` / `alkblobs_lo_read` call (the server
@@ -323,4 +325,3 @@ impl LargeBackend for PgLoBackend {
         res
     }
 }
-

@@ -7,8 +7,8 @@ use futures::StreamExt;
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
-use crate::pg::PgPool;
 use crate::backend::KeyStream;
+use crate::pg::PgPool;
 use crate::{Error, Key, Result};
 
 /// Keys per `alkblobs_list` page.
@@ -122,4 +122,3 @@ pub(super) async fn delete_keys(
     }
     Ok(out)
 }
-

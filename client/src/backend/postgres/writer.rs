@@ -7,10 +7,10 @@ use bytes::{Bytes, BytesMut};
 use deadpool_postgres::Object;
 use tokio_postgres::types::Type;
 
-use crate::pg::{InTx, finish};
-use crate::pg::db_err;
 use super::pg_lo::{PgLoBackend, WINDOW};
 use crate::backend::{PutOutcome, StagedWrite};
+use crate::pg::db_err;
+use crate::pg::{InTx, finish};
 use crate::{Error, Key, Result};
 
 /// A bounded channel as a stream of chunks.
@@ -135,4 +135,3 @@ impl StagedWrite for PgLoWrite<'_> {
         Ok(())
     }
 }
-
