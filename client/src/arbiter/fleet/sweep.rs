@@ -1,0 +1,117 @@
+//! A fleet sweep: `alkblobs_sweep` calls under the pool's lease until the
+//! mark is done and nothing due is left, then the local tier's claim.
+
+use tokio_postgres::types::Type;
+
+use super::{GcAbortCause, Pool, SweepOptions, SweepPhase, SweepProgress, SweepReport};
+use crate::{Error, Result};
+
+use super::{FleetArbiter, Lease, SWEEP_KEYS, abort_cause};
+
+impl FleetArbiter {
+    /// The sweep under the lease; see [`Arbiter::sweep`](crate::Arbiter::sweep).
+    pub(super) async fn sweep_leased(
+        &self,
+        pool: &Pool,
+        opts: &SweepOptions,
+        lease: &Lease,
+    ) -> Result<SweepReport> {
+        let s = &self.shared;
+        let mut report = SweepReport {
+            window: s.info.delete_window,
+            dry_run: opts.dry_run,
+            ..SweepReport::default()
+        };
+        if !opts.dry_run {
+            // Staging files of killed writers (a local tier; pg-lo uploads
+            // are reclaimed by the extension's sweep, `uploads_reclaimed`).
+            for engine in pool.engines() {
+                report.reclaimed += engine.reclaim_abandoned().await?;
+            }
+            if self.local_tier() {
+                report.staged += self.stage_local_files(pool).await?;
+            }
+        }
+        let mut marking = true;
+        loop {
+            if lease.lost() {
+                // Expired (a stall past the TTL) and taken by another
+                // instance, which sweeps on.
+                report.aborted = Some(GcAbortCause::SweeperLock);
+                return Ok(report);
+            }
+            let rows = s
+                .pg
+                .rows(
+                    &s.pg,
+                    None,
+                    "SELECT examined, live, pinned, staged, executed, deleted, kept, bytes_freed, \
+                     pins_reaped, remaining, local_due, skipped, uploads_reaped, mark_done, aborted \
+                     FROM alkblobs_sweep($1, $2, 1000, $3, $4)",
+                    &[
+                        (&s.info.name, Type::TEXT),
+                        (&opts.dry_run, Type::BOOL),
+                        (&marking, Type::BOOL),
+                        (&SWEEP_KEYS, Type::INT4),
+                    ],
+                )
+                .await?;
+            let r = rows
+                .first()
+                .ok_or_else(|| Error::engine(&s.pg, "alkblobs_sweep returned no row"))?;
+            let n = |i: usize| r.get::<_, i64>(i).max(0) as u64;
+            if let Some(cause) = r.get::<_, Option<String>>(14) {
+                report.aborted = Some(abort_cause(&s.info.name, &cause)?);
+                return Ok(report);
+            }
+            report.examined += n(0);
+            report.live += n(1);
+            report.pinned += n(2);
+            report.staged += n(3);
+            report.executed += n(4);
+            report.deleted += n(5);
+            report.kept += n(6);
+            report.bytes_freed += n(7);
+            report.pins_reaped += n(8);
+            report.remaining = n(9);
+            report.skipped += n(11);
+            report.uploads_reclaimed += n(12);
+            let local_due = n(10);
+            let mark_done: bool = r.get(13);
+            opts.report_progress(&SweepProgress {
+                phase: if marking {
+                    SweepPhase::Mark
+                } else {
+                    SweepPhase::Execute
+                },
+                examined: report.examined,
+                executed: report.executed,
+                deleted: report.deleted,
+            });
+            if marking && mark_done {
+                opts.run_hook(SweepPhase::Sealed).await;
+            }
+            marking = marking && !mark_done;
+            // A dry run changes nothing, its mark cursor included: one
+            // call (one slice of at most SWEEP_KEYS entries) is its answer.
+            if opts.dry_run {
+                break;
+            }
+            if !marking && (report.remaining == 0 || n(4) == 0) {
+                if self.local_tier() && pool.large().is_none() {
+                    // A kv-only node does not see the shared files: their
+                    // due rows wait for a node that does (said, not hidden).
+                    if local_due > 0 {
+                        tracing::warn!(pool = %s.name(), local_due, "due files left for a sweep by a node with the shared local tier");
+                        report.remaining += local_due;
+                    }
+                } else if local_due > 0 || self.local_tier() {
+                    self.claim_local(pool, opts, &mut report).await?;
+                }
+                break;
+            }
+        }
+        opts.run_hook(SweepPhase::Checked).await;
+        Ok(report)
+    }
+}
