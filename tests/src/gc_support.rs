@@ -166,7 +166,7 @@ pub async fn faulty_durable_tables(
     )
     .await
     .unwrap();
-    let tables = Arc::new(SqliteTables::attach(&db));
+    let tables = Arc::new(SqliteTables::attach(&db).unwrap());
     let arbiter = SingleNodeArbiter::with_tables(tables, alkblobs::arbiter::DEFAULT_WINDOW);
     Store::builder()
         .kv(FaultBackend::new(Arc::new(db)))

@@ -8,8 +8,6 @@
 //! ```sql
 //! entries (key BLOB PRIMARY KEY, size INTEGER, vid INTEGER) WITHOUT ROWID
 //! vals    (vid INTEGER PRIMARY KEY, value BLOB)
-//! staged  (key BLOB PRIMARY KEY, staged_at INTEGER, visible_after INTEGER) WITHOUT ROWID
-//! roots   (key BLOB PRIMARY KEY) WITHOUT ROWID
 //! ```
 //!
 //! Entries and values are split so that every probe the contract calls cheap
@@ -18,12 +16,15 @@
 //! suits `entries` because its rows are tiny; values stay in a rowid table
 //! (SQLite's guidance: keep `WITHOUT ROWID` rows under ~1/20 of a page).
 //!
-//! The same database hosts the single-node arbiter's durable tables
-//! (`staged`, `roots`; their SQL is in `arbiter/single/sqlite_tables.rs`).
-//! The engine's one cooperation with them is wired by that module, not
-//! discovered through the [`Backend`] trait: while any row is staged, a put
-//! deletes its key's `staged` row in the entry's own transaction, so a re-put
-//! key gets a fresh delete window atomically with the put.
+//! The engine creates and knows only these two tables. A companion may keep
+//! its own in the same database — the single-node arbiter keeps its staged
+//! candidates and roots there (`arbiter/single/sqlite_tables.rs`) — through
+//! a public seam: [`SqliteBackend::install_put_hook`] runs its DDL and gives
+//! the engine one statement to run for each put key inside the put's own
+//! transaction (the arbiter's: delete the key's staged row, so a re-put key
+//! gets a fresh delete window atomically with the put), and
+//! [`SqliteBackend::companion_write`] / [`SqliteBackend::companion_read`]
+//! run its own statements in the engine's order and snapshot rules.
 //!
 //! # Concurrency
 //!
@@ -162,6 +163,8 @@ impl Drop for Checkpointer {
     }
 }
 
+/// The engine's own tables; anything else in the database is a
+/// companion's (see [`PutHook`]).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS entries (
     key   BLOB PRIMARY KEY CHECK (length(key) = 32),
@@ -172,19 +175,48 @@ CREATE TABLE IF NOT EXISTS vals (
     vid   INTEGER PRIMARY KEY,
     value BLOB NOT NULL
 );
-CREATE TABLE IF NOT EXISTS staged (
-    key           BLOB PRIMARY KEY,
-    staged_at     INTEGER NOT NULL,
-    visible_after INTEGER
-) WITHOUT ROWID;
--- No index on visible_after: `due` walks the primary key (key order) and
--- seal/discard scan once per sweep; an index would make sealing rewrite it.
-DROP INDEX IF EXISTS staged_visible_after;
-CREATE TABLE IF NOT EXISTS roots (
-    key BLOB PRIMARY KEY
-) WITHOUT ROWID;
 PRAGMA user_version = 1;
 ";
+
+/// A statement a companion of the engine — a component keeping its own
+/// tables in the engine's database, as the single-node arbiter keeps its
+/// staged candidates and roots — has the engine run for each put key inside
+/// that put's own transaction, with the key as `?1`. The engine knows
+/// nothing of what it means; it runs it only while the companion says it
+/// may change something ([`Companion::set_hook_active`]). Installed with
+/// [`SqliteBackend::install_put_hook`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutHook {
+    /// One statement, one parameter: the put's key.
+    pub on_put: &'static str,
+}
+
+/// The writer connection lent to a companion for its own statements
+/// ([`SqliteBackend::companion_write`]), in the order of the engine's own
+/// writes.
+pub struct Companion<'a> {
+    w: &'a mut Writer,
+}
+
+impl Companion<'_> {
+    /// The writer connection (the companion's own tables only).
+    pub fn conn(&mut self) -> &mut Connection {
+        &mut self.w.conn
+    }
+
+    /// Whether puts run the installed [`PutHook`] from now on. Turn it on
+    /// before the rows the hook acts on exist (a put racing the write then
+    /// finds them), off only when a statement in this write has shown that
+    /// there are none.
+    pub fn set_hook_active(&mut self, on: bool) {
+        self.w.hook_active = on;
+    }
+
+    /// Whether puts run the hook now.
+    pub fn hook_active(&self) -> bool {
+        self.w.hook_active
+    }
+}
 
 /// Options for [`SqliteBackend::open`]; build with
 /// `SqliteOptions::default().durability(..).mode(..)`.
@@ -310,13 +342,13 @@ pub(crate) struct Inner {
 /// The writer connection and the state only the writer touches. One
 /// instance writes a database (the instance lock), so this state is exact.
 pub(crate) struct Writer {
-    pub(crate) conn: Connection,
+    conn: Connection,
     /// The next `vals.vid` to hand out.
     next_vid: i64,
-    /// Whether `staged` may hold rows. While it is known empty a put skips
-    /// the staged-row delete. Set by the arbiter's `stage`, recomputed after
-    /// statements that remove staged rows.
-    pub(crate) staged_nonempty: bool,
+    /// A companion's statement run in every put transaction while
+    /// `hook_active` (see [`PutHook`]).
+    hook: Option<PutHook>,
+    hook_active: bool,
     /// The WAL size (pages) at the last checkpoint request.
     wal_requested: i32,
 }
@@ -377,11 +409,9 @@ impl Reader {
 }
 
 impl Writer {
-    pub(crate) fn refresh_staged(&mut self) -> rusqlite::Result<()> {
-        self.staged_nonempty =
-            self.conn
-                .query_row("SELECT EXISTS (SELECT 1 FROM staged)", [], |r| r.get(0))?;
-        Ok(())
+    /// The statement puts run now, if any.
+    fn put_hook(&self) -> Option<&'static str> {
+        self.hook.filter(|_| self.hook_active).map(|h| h.on_put)
     }
 }
 
@@ -713,13 +743,13 @@ impl SqliteBackend {
                     r.get(0)
                 })
                 .map_err(unable)?;
-            let mut w = Writer {
+            let w = Writer {
                 conn,
                 next_vid,
-                staged_nonempty: true,
+                hook: None,
+                hook_active: false,
                 wal_requested: 0,
             };
-            w.refresh_staged().map_err(unable)?;
             let ckpt = if relaxed {
                 Some(Checkpointer::start(&path, opts.busy_timeout).map_err(unable)?)
             } else {
@@ -794,6 +824,47 @@ impl SqliteBackend {
 
     fn reads_inline(&self) -> bool {
         self.inner.opts.inline_reads && self.inner.writer.is_some()
+    }
+
+    /// Runs `schema` (a companion's own tables, idempotent) on the writer
+    /// and installs `hook` for every put from now on, active if `active`
+    /// answers true. On a read-only open it does nothing (no put runs).
+    /// Installing a hook twice replaces it.
+    pub fn install_put_hook(
+        &self,
+        schema: &str,
+        hook: PutHook,
+        active: impl FnOnce(&Connection) -> rusqlite::Result<bool>,
+    ) -> Result<()> {
+        if self.inner.writer.is_none() {
+            return Ok(());
+        }
+        self.inner
+            .write_locked("install a companion's tables", |w| {
+                w.conn.execute_batch(schema)?;
+                w.hook_active = active(&w.conn)?;
+                w.hook = Some(hook);
+                Ok(())
+            })
+    }
+
+    /// A companion's write on the writer connection (see [`Companion`]),
+    /// serialized with the engine's own writes.
+    pub async fn companion_write<T, F>(&self, action: &'static str, f: F) -> Result<T>
+    where
+        F: FnOnce(&mut Companion<'_>) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.write(action, move |w| f(&mut Companion { w })).await
+    }
+
+    /// A companion's read on a pooled reader, in the engine's snapshot rules.
+    pub async fn companion_read<T, F>(&self, action: &'static str, f: F) -> Result<T>
+    where
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.read(action, f).await
     }
 
     pub(crate) async fn write<T, F>(&self, action: &'static str, f: F) -> Result<T>
@@ -1075,13 +1146,14 @@ struct PendingPut {
 /// each put is retried in a transaction of its own so that every caller
 /// gets its own outcome (one bad row never fails its neighbours).
 fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> Answers {
+    let hook = w.put_hook();
     let batch = (|| {
         let tx = w
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let outs = group
             .iter()
-            .map(|p| put_in_tx(&tx, &mut w.next_vid, w.staged_nonempty, &p.key, &p.value))
+            .map(|p| put_in_tx(&tx, &mut w.next_vid, hook, &p.key, &p.value))
             .collect::<rusqlite::Result<Vec<_>>>()?;
         tx.commit()?;
         Ok::<_, rusqlite::Error>(outs)
@@ -1099,7 +1171,7 @@ fn commit_group(w: &mut Writer, group: Vec<PendingPut>) -> Answers {
                     let tx = w
                         .conn
                         .transaction_with_behavior(TransactionBehavior::Immediate)?;
-                    let out = put_in_tx(&tx, &mut w.next_vid, w.staged_nonempty, &p.key, &p.value)?;
+                    let out = put_in_tx(&tx, &mut w.next_vid, hook, &p.key, &p.value)?;
                     tx.commit()?;
                     Ok(out)
                 })();
@@ -1140,7 +1212,7 @@ fn clone_error(e: &rusqlite::Error) -> rusqlite::Error {
 fn put_in_tx(
     tx: &rusqlite::Transaction<'_>,
     next_vid: &mut i64,
-    staged_nonempty: bool,
+    hook: Option<&'static str>,
     key: &Key,
     value: &[u8],
 ) -> rusqlite::Result<PutOutcome> {
@@ -1154,10 +1226,9 @@ fn put_in_tx(
         )?
         .execute(rusqlite::params![k, value.len() as i64, vid])?
         == 1;
-    if staged_nonempty {
-        // A put restarts the key's delete window (see the GC design).
-        tx.prepare_cached("DELETE FROM staged WHERE key = ?1")?
-            .execute([k])?;
+    if let Some(sql) = hook {
+        // A companion's statement, in the put's transaction (see PutHook).
+        tx.prepare_cached(sql)?.execute([k])?;
     }
     if !inserted {
         return Ok(PutOutcome::Existed);
@@ -1352,13 +1423,13 @@ impl Backend for SqliteBackend {
     async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
         let items = items.to_vec();
         self.write("insert a batch", move |w| {
+            let hook = w.put_hook();
             let tx = w
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let staged = w.staged_nonempty;
             let out = items
                 .iter()
-                .map(|(k, v)| put_in_tx(&tx, &mut w.next_vid, staged, k, v))
+                .map(|(k, v)| put_in_tx(&tx, &mut w.next_vid, hook, k, v))
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             tx.commit()?;
             Ok(out)
@@ -1403,6 +1474,63 @@ impl Backend for SqliteBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tables(path: &Path) -> Vec<String> {
+        let c = Connection::open(path).unwrap();
+        let mut s = c
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .unwrap();
+        s.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    }
+
+    /// The engine is storage: it creates its own two tables and nothing of
+    /// garbage collection. A companion's tables and its put statement come
+    /// from the companion, and the statement runs in each put's
+    /// transaction only while the companion says it is active.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_engine_creates_only_its_own_tables_and_runs_a_companions_hook() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.sqlite");
+        let db = SqliteBackend::open(&path, SqliteOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(tables(&path), ["entries", "vals"]);
+        db.install_put_hook(
+            "CREATE TABLE IF NOT EXISTS seen (key BLOB PRIMARY KEY);",
+            PutHook {
+                on_put: "INSERT INTO seen VALUES (?1) ON CONFLICT DO NOTHING",
+            },
+            |_| Ok(false),
+        )
+        .unwrap();
+        assert_eq!(tables(&path), ["entries", "seen", "vals"]);
+        async fn count(db: &SqliteBackend) -> Result<i64> {
+            db.companion_read("count", |c| {
+                c.query_row("SELECT count(*) FROM seen", [], |r| r.get::<_, i64>(0))
+            })
+            .await
+        }
+        db.put(&Key::of(b"a"), Bytes::from_static(b"a"))
+            .await
+            .unwrap();
+        assert_eq!(count(&db).await.unwrap(), 0, "inactive: not run");
+        db.companion_write("activate", |c| {
+            c.set_hook_active(true);
+            Ok(())
+        })
+        .await
+        .unwrap();
+        db.put(&Key::of(b"b"), Bytes::from_static(b"b"))
+            .await
+            .unwrap();
+        db.put_many(&[(Key::of(b"c"), Bytes::from_static(b"c"))])
+            .await
+            .unwrap();
+        assert_eq!(count(&db).await.unwrap(), 2, "active: run in each put");
+    }
 
     /// Values on both sides of the inline limit (over it, `get` reads again
     /// on a blocking thread) come back whole and in ranges, the empty value

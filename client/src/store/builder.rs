@@ -168,7 +168,7 @@ impl StoreBuilder {
         }
         let arbiter: Arc<dyn Arbiter> = match self.arbiter {
             ArbiterChoice::InMemory => Arc::new(SingleNodeArbiter::in_memory(self.window)),
-            ArbiterChoice::Sqlite(db) => Arc::new(SingleNodeArbiter::sqlite(&db, self.window)),
+            ArbiterChoice::Sqlite(db) => Arc::new(SingleNodeArbiter::sqlite(&db, self.window)?),
             ArbiterChoice::Given(a) => a,
         };
         let pool = Pool::new(kv, self.large);

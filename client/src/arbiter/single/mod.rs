@@ -89,11 +89,11 @@ impl SingleNodeArbiter {
     pub(crate) fn sqlite(
         kv_engine: &crate::backend::sqlite::SqliteBackend,
         window: Duration,
-    ) -> Self {
+    ) -> crate::Result<Self> {
         let mut arb =
-            SingleNodeArbiter::with_tables(Arc::new(SqliteTables::attach(kv_engine)), window);
+            SingleNodeArbiter::with_tables(Arc::new(SqliteTables::attach(kv_engine)?), window);
         arb.kv_clears_staged = true;
-        arb
+        Ok(arb)
     }
 }
 

@@ -1,19 +1,68 @@
 //! The single-node arbiter's durable tables in an embedded SQLite database.
 //!
-//! `staged` and `roots` live in the same database as the entries (the
-//! `sqlite` engine creates them with its schema). Sharing the database buys
-//! one thing the protocol relies on: a put deletes its key's staged row in
-//! the entry's own transaction, so "re-put restarts the window" holds even
-//! across a crash. That cooperation is wired here, by
-//! [`SqliteTables::attach`], which the preset calls when it builds the store
-//! — never discovered through the engine trait.
+//! `staged` and `roots` live in the same database as the entries, created
+//! here and not by the `sqlite` engine, which knows only its own tables.
+//! Sharing the database buys one thing the protocol relies on: a put
+//! deletes its key's staged row in the entry's own transaction, so "re-put
+//! restarts the window" holds even across a crash. That cooperation is the
+//! engine's public companion seam ([`PutHook`]), installed by
+//! [`SqliteTables::attach`], which the preset calls when it builds the
+//! store — never discovered through the engine trait.
 
 use async_trait::async_trait;
 use rusqlite::TransactionBehavior;
 
 use super::tables::{GcTables, StagedRow};
-use crate::backend::sqlite::{SqliteBackend, Writer, after_param, key_from_row, key_param};
+use crate::backend::sqlite::{Companion, PutHook, SqliteBackend};
 use crate::{Key, Result};
+
+/// The arbiter's tables (created at attach, idempotent).
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS staged (
+    key           BLOB PRIMARY KEY,
+    staged_at     INTEGER NOT NULL,
+    visible_after INTEGER
+) WITHOUT ROWID;
+-- No index on visible_after: `due` walks the primary key (key order) and
+-- seal/discard scan once per sweep; an index would make sealing rewrite it.
+DROP INDEX IF EXISTS staged_visible_after;
+CREATE TABLE IF NOT EXISTS roots (
+    key BLOB PRIMARY KEY
+) WITHOUT ROWID;
+";
+
+/// What every put runs in its transaction: a re-put key's staged row goes
+/// (its window restarts). Skipped by the engine while `staged` is known to
+/// be empty.
+const ON_PUT: PutHook = PutHook {
+    on_put: "DELETE FROM staged WHERE key = ?1",
+};
+
+fn any_staged(c: &rusqlite::Connection) -> rusqlite::Result<bool> {
+    c.query_row("SELECT EXISTS (SELECT 1 FROM staged)", [], |r| r.get(0))
+}
+
+/// Recomputes whether puts need the hook, after rows were removed.
+fn refresh(w: &mut Companion<'_>) -> rusqlite::Result<()> {
+    let any = any_staged(w.conn())?;
+    w.set_hook_active(any);
+    Ok(())
+}
+
+fn key_param(k: &Key) -> &[u8] {
+    k.as_bytes()
+}
+
+/// A `key > after` bound: the empty blob sorts before every 32-byte key.
+fn after_param(after: Option<Key>) -> Vec<u8> {
+    after.map(|k| k.as_bytes().to_vec()).unwrap_or_default()
+}
+
+fn key_from_row(bytes: Vec<u8>) -> rusqlite::Result<Key> {
+    Key::from_slice(&bytes).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, Box::new(e))
+    })
+}
 
 /// `staged` and `roots` rows in a [`SqliteBackend`]'s database.
 #[derive(Debug, Clone)]
@@ -22,11 +71,12 @@ pub struct SqliteTables {
 }
 
 impl SqliteTables {
-    /// The tables of `db`'s database. Rows staged through them are cleared
-    /// by a put of their key on `db`, in the put's own transaction (see the
-    /// module docs).
-    pub fn attach(db: &SqliteBackend) -> SqliteTables {
-        SqliteTables { db: db.clone() }
+    /// The tables of `db`'s database, created if missing. Rows staged
+    /// through them are cleared by a put of their key on `db`, in the put's
+    /// own transaction (see the module docs).
+    pub fn attach(db: &SqliteBackend) -> Result<SqliteTables> {
+        db.install_put_hook(SCHEMA, ON_PUT, any_staged)?;
+        Ok(SqliteTables { db: db.clone() })
     }
 }
 
@@ -39,7 +89,7 @@ fn staged_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StagedRow> {
 }
 
 fn for_each_key<F>(
-    w: &mut Writer,
+    w: &mut Companion<'_>,
     keys: Vec<Key>,
     sql: &'static str,
     mut f: F,
@@ -48,7 +98,7 @@ where
     F: FnMut(&mut rusqlite::CachedStatement<'_>, &Key) -> rusqlite::Result<usize>,
 {
     let tx = w
-        .conn
+        .conn()
         .transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut n = 0u64;
     {
@@ -69,11 +119,11 @@ impl GcTables for SqliteTables {
 
     async fn discard_unsealed(&self) -> Result<u64> {
         self.db
-            .write("discard unsealed staged rows", |w| {
+            .companion_write("discard unsealed staged rows", |w| {
                 let n = w
-                    .conn
+                    .conn()
                     .execute("DELETE FROM staged WHERE visible_after IS NULL", [])?;
-                w.refresh_staged()?;
+                refresh(w)?;
                 Ok(n as u64)
             })
             .await
@@ -81,10 +131,11 @@ impl GcTables for SqliteTables {
 
     async fn stage(&self, keys: &[Key], now_ms: i64) -> Result<u64> {
         let keys = keys.to_vec();
-        self.db.write("stage candidates", move |w| {
+        self.db.companion_write("stage candidates", move |w| {
             // Set before the rows exist: a put racing this stage then clears
-            // the row it finds (the flag is only read under this mutex).
-            w.staged_nonempty = true;
+            // the row it finds (the flag is only read under the writer's
+            // mutex).
+            w.set_hook_active(true);
             for_each_key(
                 w,
                 keys,
@@ -97,8 +148,8 @@ impl GcTables for SqliteTables {
 
     async fn seal(&self, visible_after_ms: i64) -> Result<u64> {
         self.db
-            .write("seal staged rows", move |w| {
-                w.conn
+            .companion_write("seal staged rows", move |w| {
+                w.conn()
                     .execute(
                         "UPDATE staged SET visible_after = ?1 WHERE visible_after IS NULL",
                         [visible_after_ms],
@@ -110,8 +161,8 @@ impl GcTables for SqliteTables {
 
     async fn reseal(&self, visible_after_ms: i64) -> Result<u64> {
         self.db
-            .write("re-seal staged rows", move |w| {
-                w.conn
+            .companion_write("re-seal staged rows", move |w| {
+                w.conn()
                     .execute(
                         "UPDATE staged SET visible_after = ?1
                          WHERE visible_after IS NOT NULL AND visible_after > ?1",
@@ -125,7 +176,7 @@ impl GcTables for SqliteTables {
     async fn due(&self, now_ms: i64, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
         let after = after_param(after);
         self.db
-            .read("read due staged rows", move |c| {
+            .companion_read("read due staged rows", move |c| {
                 let mut s = c.prepare_cached(
                     // Walks the primary key, already in key order.
                     "SELECT key, staged_at, visible_after FROM staged
@@ -145,14 +196,14 @@ impl GcTables for SqliteTables {
         }
         let keys = keys.to_vec();
         self.db
-            .write("unstage keys", move |w| {
-                if !w.staged_nonempty {
-                    return Ok(0);
+            .companion_write("unstage keys", move |w| {
+                if !w.hook_active() {
+                    return Ok(0); // nothing is staged
                 }
                 let n = for_each_key(w, keys, "DELETE FROM staged WHERE key = ?1", |s, k| {
                     s.execute([key_param(k)])
                 })?;
-                w.refresh_staged()?;
+                refresh(w)?;
                 Ok(n)
             })
             .await
@@ -160,7 +211,7 @@ impl GcTables for SqliteTables {
 
     async fn staged(&self, after: Option<Key>, limit: usize) -> Result<Vec<StagedRow>> {
         let after = after_param(after);
-        self.db.read("list staged rows", move |c| {
+        self.db.companion_read("list staged rows", move |c| {
             let mut s = c.prepare_cached(
                 "SELECT key, staged_at, visible_after FROM staged WHERE key > ?1 ORDER BY key LIMIT ?2",
             )?;
@@ -173,7 +224,7 @@ impl GcTables for SqliteTables {
     async fn add_roots(&self, keys: &[Key]) -> Result<u64> {
         let keys = keys.to_vec();
         self.db
-            .write("add roots", move |w| {
+            .companion_write("add roots", move |w| {
                 for_each_key(
                     w,
                     keys,
@@ -187,7 +238,7 @@ impl GcTables for SqliteTables {
     async fn remove_roots(&self, keys: &[Key]) -> Result<u64> {
         let keys = keys.to_vec();
         self.db
-            .write("remove roots", move |w| {
+            .companion_write("remove roots", move |w| {
                 for_each_key(w, keys, "DELETE FROM roots WHERE key = ?1", |s, k| {
                     s.execute([key_param(k)])
                 })
@@ -198,7 +249,7 @@ impl GcTables for SqliteTables {
     async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>> {
         let after = after_param(after);
         self.db
-            .read("list roots", move |c| {
+            .companion_read("list roots", move |c| {
                 let mut s =
                     c.prepare_cached("SELECT key FROM roots WHERE key > ?1 ORDER BY key LIMIT ?2")?;
                 let rows = s.query_map(rusqlite::params![after, limit as i64], |r| {
@@ -212,7 +263,7 @@ impl GcTables for SqliteTables {
     async fn roots_contain(&self, keys: &[Key]) -> Result<Vec<bool>> {
         let keys = keys.to_vec();
         self.db
-            .read("probe roots", move |c| {
+            .companion_read("probe roots", move |c| {
                 let sorted = keys.windows(2).all(|w| w[0] < w[1]);
                 if sorted && keys.len() > 16 {
                     // The GC asks about key-ordered batches: one range scan and
