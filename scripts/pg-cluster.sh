@@ -78,10 +78,13 @@ alkblobs.scheduler_databases = '$db, alkblobs_noext'
 alkblobs.scheduler_naptime = 250
 CONF
         fi
-        # Trust on loopback and the private socket only.
+        # Trust on loopback and the private socket only (replication too: the
+        # tests take a pg_basebackup).
         cat > "$data/pg_hba.conf" <<HBA
 local all all trust
 host all all 127.0.0.1/32 trust
+local replication all trust
+host replication all 127.0.0.1/32 trust
 HBA
     fi
     if ! as_pg "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then

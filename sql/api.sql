@@ -112,6 +112,21 @@ BEGIN
     IF alkblobs.adopted(pl) THEN
         RETURN pl;
     END IF;
+    -- Rows restored from a dump taken before 0.8.0 name their role by OID
+    -- (now text): map those to the role's name, so its pins renew again.
+    -- (Such a dump is only right in the cluster it was taken in, where the
+    -- OIDs are the same roles: docs/operations.md, "Dump and restore".)
+    UPDATE alkblobs.pins pn SET role = pg_catalog.pg_get_userbyid(pn.role::text::oid)
+     WHERE pn.pool = pl.id AND pn.role::text ~ '^[0-9]{1,10}$'
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = pn.role)
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = pn.role::text::oid)
+       AND NOT EXISTS (SELECT 1 FROM alkblobs.pins y
+                        WHERE y.pool = pn.pool AND y.key = pn.key AND y.owner = pn.owner
+                          AND y.role = pg_catalog.pg_get_userbyid(pn.role::text::oid));
+    UPDATE alkblobs.liveness lv SET registered_by = pg_catalog.pg_get_userbyid(lv.registered_by::text::oid)
+     WHERE lv.pool = pl.id AND lv.registered_by::text ~ '^[0-9]{1,10}$'
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = lv.registered_by)
+       AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = lv.registered_by::text::oid);
     UPDATE alkblobs.pins pn SET expires_at = clock_timestamp() + pl.pin_ttl
       FROM (SELECT x.ctid AS t FROM alkblobs.pins x
              WHERE x.pool = pl.id AND x.expires_at < clock_timestamp() + pl.pin_ttl

@@ -117,6 +117,27 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
     .await
     .unwrap();
 
+    // The source's transaction counter well ahead of the target's (as it
+    // is for a busy database moved to a new cluster), so that the upload's
+    // transaction id below is in the target's future.
+    let ahead: i64 = dst
+        .query_one(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8 + 20000",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    s.batch_execute(&format!(
+        "DO $$ BEGIN
+           WHILE pg_snapshot_xmax(pg_current_snapshot())::text::int8 < {ahead} LOOP
+             PERFORM pg_current_xact_id(); COMMIT;
+           END LOOP;
+         END $$"
+    ))
+    .await
+    .unwrap();
+
     // The owner's busy pool: a pinned entry, an entry a liveness row holds,
     // garbage, a write grant, and an upload abandoned after its commit.
     let o = conn(&with_db(&url(), &src_db, &owner)).await;
@@ -379,4 +400,321 @@ async fn oid_of(c: &Client, role: &str) -> i64 {
     .await
     .unwrap()
     .get(0)
+}
+
+/// A pool put through its paces in database `db` at `base` (as its owner
+/// `owner`): a kv entry and a large object pinned by `inst`, an entry a
+/// liveness row holds, garbage, an entry staged in a 3 s window. Pin TTL
+/// 2 s. Returns the large object's bytes.
+async fn fill(base: &str, db: &str, owner: &str) -> Vec<u8> {
+    let o = conn(&with_db(base, db, owner)).await;
+    o.batch_execute(
+        "SELECT alkblobs_create_pool('p', delete_window => '3 seconds', pin_ttl => '2 seconds');
+         SELECT alkblobs_put('p', alkblobs_key('pinned'), 'pinned', 'inst');
+         SELECT alkblobs_put('p', alkblobs_key('held'), 'held', 'tmp');
+         SELECT alkblobs_put('p', alkblobs_key('staged'), 'staged', 'tmp');
+         CREATE TABLE refs (key bytea PRIMARY KEY);
+         SELECT alkblobs_register_liveness('p', 'refs');
+         INSERT INTO refs VALUES (alkblobs_key('held'));
+         SELECT alkblobs_unpin_all('p', 'tmp');
+         SELECT * FROM alkblobs_sweep('p');",
+    )
+    .await
+    .unwrap();
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 239) as u8).collect();
+    o.batch_execute("BEGIN").await.unwrap();
+    let loid: u32 = o
+        .query_one("SELECT alkblobs_lo_create('p')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    o.execute(
+        "SELECT alkblobs_lo_write($1, 0, $2)",
+        &[&loid, &big.as_slice()],
+    )
+    .await
+    .unwrap();
+    o.execute(
+        "SELECT alkblobs_lo_commit('p', $1, $2, 'inst')",
+        &[&key(&big), &loid],
+    )
+    .await
+    .unwrap();
+    o.batch_execute("COMMIT").await.unwrap();
+    let staged: i64 = o
+        .query_one(
+            "SELECT count(*) FROM alkblobs_staged WHERE pool = 'p' AND NOT due",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        staged, 1,
+        "'staged' is in its window when the copy is taken"
+    );
+    big
+}
+
+/// What must hold in a copy of `fill`'s pool taken more than a TTL and a
+/// window ago: the owner's pins renew (both of them), the first sweep
+/// keeps the pinned, held and staged entries and the large object (whole),
+/// the guard still refuses a row naming absent content.
+async fn check_copy(base: &str, db: &str, owner: &str, big: &[u8], what: &str) {
+    let o = conn(&with_db(base, db, owner)).await;
+    let d = conn(&with_db(base, db, "postgres")).await;
+    let v: String = d
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'alkblobs'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v, alkblobs::backend::postgres::EXTENSION_VERSION, "{what}");
+    let owner_is: String = d
+        .query_one("SELECT owner FROM alkblobs_pools WHERE pool = 'p'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner_is, owner, "{what}: the pool's owner");
+    d.batch_execute("CALL alkblobs_sweep_all('p')")
+        .await
+        .unwrap();
+    let renewed: i64 = o
+        .query_one("SELECT alkblobs_renew('p', 'inst')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(renewed, 2, "{what}: the owner's two pins renew");
+    let left: Vec<Vec<u8>> = d
+        .query("SELECT key FROM alkblobs_list('p') ORDER BY key", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut want = vec![key(b"pinned"), key(b"held"), key(b"staged"), key(big)];
+    want.sort();
+    assert_eq!(left, want, "{what}: nothing protected went");
+    let got: Vec<u8> = o
+        .query_one(
+            "SELECT string_agg(chunk, ''::bytea ORDER BY off) FROM (
+               SELECT n AS off, alkblobs_lo_read('p', $1, n, 65536) AS chunk
+                 FROM generate_series(0, 199999, 65536) n) x",
+            &[&key(big)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(got == big, "{what}: the large object reads back whole");
+    let e = o
+        .batch_execute("INSERT INTO refs VALUES (alkblobs_key('never put'))")
+        .await
+        .expect_err("the guard still guards");
+    assert_eq!(sqlstate(&e), "AB002", "{what}: {e}");
+}
+
+/// A dump of the previous release (0.7.0, which stored roles by OID) in
+/// both formats pg_dump writes — custom through pg_restore, plain through
+/// psql — restored into a fresh database of the same cluster with this
+/// version: large objects come back whole, the guard triggers (which name
+/// 0.7.0's function) still guard, the owner's pins renew, and the first
+/// sweep deletes nothing protected although the restore took longer than
+/// the TTL and the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_release_dumps_in_both_formats_restore_into_this_one() {
+    let id = std::process::id();
+    let src_db = format!("prev_src_{id}");
+    let owner = format!("prev_owner_{id}");
+    let admin = conn(&url()).await;
+    let mut cleanup = vec![(
+        url(),
+        format!("DROP DATABASE IF EXISTS {src_db} WITH (FORCE)"),
+    )];
+    admin
+        .batch_execute(&format!(
+            "CREATE EXTENSION IF NOT EXISTS alkblobs;
+             DROP ROLE IF EXISTS {owner}; CREATE ROLE {owner} LOGIN IN ROLE alkblobs_admin"
+        ))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {src_db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {src_db}"))
+        .await
+        .unwrap();
+    let s = conn(&with_db(&url(), &src_db, "postgres")).await;
+    s.batch_execute(&format!(
+        "CREATE EXTENSION alkblobs VERSION '0.7.0'; GRANT CREATE ON SCHEMA public TO {owner}"
+    ))
+    .await
+    .unwrap();
+    let big = fill(&url(), &src_db, &owner).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (custom, plain) = (dir.path().join("p.dump"), dir.path().join("p.sql"));
+    run(Command::new(format!("{BIN}/pg_dump"))
+        .args(["-Fc", "-f"])
+        .arg(&custom)
+        .arg(with_db(&url(), &src_db, "postgres")));
+    run(Command::new(format!("{BIN}/pg_dump"))
+        .args(["-Fp", "-f"])
+        .arg(&plain)
+        .arg(with_db(&url(), &src_db, "postgres")));
+    // The restore takes longer than the TTL and the window.
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    for format in ["custom", "plain"] {
+        let db = format!("prev_{format}_{id}");
+        cleanup.push((url(), format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")));
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await
+            .unwrap();
+        if format == "custom" {
+            run(Command::new(format!("{BIN}/pg_restore"))
+                .args(["--exit-on-error", "-d"])
+                .arg(with_db(&url(), &db, "postgres"))
+                .arg(&custom));
+        } else {
+            run(Command::new(format!("{BIN}/psql"))
+                .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d"])
+                .arg(with_db(&url(), &db, "postgres"))
+                .arg("-f")
+                .arg(&plain));
+        }
+        check_copy(
+            &url(),
+            &db,
+            &owner,
+            &big,
+            &format!("0.7.0 dump, {format} format"),
+        )
+        .await;
+    }
+    cleanup.push((url(), format!("DROP ROLE IF EXISTS {owner}")));
+    drop(Cleanup(cleanup));
+}
+
+/// A physical backup (`pg_basebackup` of the second cluster) started as a
+/// cluster of its own more than a TTL and a window later: a new server
+/// start, so the pool's first use gives its pins a fresh TTL and its marks
+/// a fresh window, and everything protected when the backup was taken is
+/// still there after the first sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_base_backup_started_later_keeps_every_protected_key() {
+    let id = std::process::id();
+    let db = format!("bb_src_{id}");
+    let owner = format!("bb_owner_{id}");
+    let other = other_url();
+    let admin = conn(&other).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE EXTENSION IF NOT EXISTS alkblobs;
+             DROP ROLE IF EXISTS {owner}; CREATE ROLE {owner} LOGIN IN ROLE alkblobs_admin"
+        ))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    let s = conn(&with_db(&other, &db, "postgres")).await;
+    s.batch_execute(&format!(
+        "CREATE EXTENSION alkblobs; GRANT CREATE ON SCHEMA public TO {owner}"
+    ))
+    .await
+    .unwrap();
+    let big = fill(&other, &db, &owner).await;
+
+    // The backup, as the postgres user (the cluster's files are its).
+    let base = std::path::PathBuf::from(format!("/tmp/alkblobs-bb-{id}"));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let as_pg = |args: &[&str]| {
+        let mut c = if unsafe { libc::geteuid() } == 0 {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]);
+            c
+        } else {
+            Command::new("env")
+        };
+        c.args(args);
+        c
+    };
+    run(Command::new("chown").arg("postgres:postgres").arg(&base));
+    let data = base.join("data");
+    let port = other
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    run(&mut as_pg(&[
+        &format!("{BIN}/pg_basebackup"),
+        "-D",
+        data.to_str().unwrap(),
+        "-X",
+        "stream",
+        "-d",
+        &format!("host=127.0.0.1 port={port} user=postgres"),
+    ]));
+    struct StopCopy(std::path::PathBuf);
+    impl Drop for StopCopy {
+        fn drop(&mut self) {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", &format!("{BIN}/pg_ctl"), "-D"])
+                .arg(self.0.join("data"))
+                .args(["-m", "immediate", "-w", "stop"]);
+            let _ = c.output();
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _stop = StopCopy(base.clone());
+    // Started later than a TTL and a window, on a port of its own.
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    let copy_port = 54336;
+    let sock = base.join("sock");
+    run(&mut as_pg(&["mkdir", "-p", sock.to_str().unwrap()]));
+    let conf = data.join("postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str(&format!(
+        "\nport = {copy_port}\nunix_socket_directories = '{}'\n",
+        sock.display()
+    ));
+    std::fs::write(&conf, text).unwrap();
+    run(&mut as_pg(&[
+        &format!("{BIN}/pg_ctl"),
+        "-D",
+        data.to_str().unwrap(),
+        "-l",
+        base.join("server.log").to_str().unwrap(),
+        "-w",
+        "-t",
+        "60",
+        "start",
+    ]));
+    let copy = format!("postgresql://postgres@127.0.0.1:{copy_port}/{db}");
+    check_copy(&copy, &db, &owner, &big, "a base backup").await;
+    drop(s);
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("DROP ROLE IF EXISTS {owner}"))
+        .await
+        .unwrap();
 }
