@@ -7,6 +7,8 @@
 //! deadlocks with a sweep, and unbounded or unchecked arguments.
 //! docs/design.md §4 lists the guard each one covers.
 
+#![cfg(feature = "pg")]
+
 use std::time::Duration;
 
 use alkblobs_tests::pg::{

@@ -8,6 +8,8 @@
 //! loaded, and PostgreSQL answers that after startup with a FATAL error:
 //! `CREATE EXTENSION alkblobs` killed the session on such a server.
 
+#![cfg(feature = "pg")]
+
 use std::time::Duration;
 
 use alkblobs_tests::pg::{connect, key, url};

@@ -3,6 +3,8 @@
 //! (`ALKBLOBS_PG_URL`; without it the tests fail, they never skip). Every
 //! case gets a pool of its own.
 
+#![cfg(feature = "pg")]
+
 use alkblobs::backend::postgres::{PgLoBackend, PgOptions, PgPool, PostgresBackend};
 use alkblobs::conformance::backend::Caps;
 use alkblobs::conformance::store::Config;

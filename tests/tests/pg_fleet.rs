@@ -5,6 +5,8 @@
 //! the fleet-validity rule, one sweeper per pool, and instances in separate
 //! OS processes (helper `alkblobs-test-helper fleet-*`).
 
+#![cfg(feature = "pg")]
+
 use std::time::Duration;
 
 use alkblobs::arbiter::GcAbortCause;

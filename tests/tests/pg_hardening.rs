@@ -4,6 +4,8 @@
 //! Roles are real LOGIN roles (the test cluster trusts loopback), so the
 //! identity the extension sees is the one an attacker would have.
 
+#![cfg(feature = "pg")]
+
 use std::time::Duration;
 
 use alkblobs_tests::pg::{

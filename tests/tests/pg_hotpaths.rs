@@ -5,6 +5,8 @@
 //! key to pools, which refuse deletion instead. Each test fails if the
 //! shortcut lets through what the full check refused.
 
+#![cfg(feature = "pg")]
+
 use alkblobs_tests::pg::{connect, connect_as, grant_pool, key, login_role, pool_with, sqlstate};
 use tokio_postgres::Client;
 

@@ -7,6 +7,8 @@
 //! and every value it declares must come out for the test's pools with the
 //! value the views hold.
 
+#![cfg(feature = "pg")]
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::time::Duration;

@@ -9,6 +9,8 @@
 //! `ALTER EXTENSION alkblobs UPDATE` run, and nothing is lost; then the
 //! package is removed and its files are gone, and installed again.
 
+#![cfg(feature = "pg")]
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -1,5 +1,7 @@
 //! The extension's protocol at scale and under load, on the test server.
 
+#![cfg(feature = "pg")]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

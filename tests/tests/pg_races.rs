@@ -7,6 +7,8 @@
 //! docs/design.md for which guard each test covers and the mutation runs
 //! that show it fails without that guard.
 
+#![cfg(feature = "pg")]
+
 use alkblobs_tests::pg::{connect, exists, garbage, key, pid, pool, put, sqlstate, waits_on_lock};
 use tokio_postgres::Client;
 

@@ -3,6 +3,8 @@
 //! (`scripts/pg-cluster.sh restart`), so scripts/test.sh runs this binary
 //! alone, after the other PostgreSQL suites.
 
+#![cfg(feature = "pg")]
+
 use std::time::Duration;
 
 use alkblobs::store::postgres::PostgresOptions;

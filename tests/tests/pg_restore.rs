@@ -12,6 +12,8 @@
 //! takes longer than the pool's pin TTL and window: the first sweep after
 //! it must still delete nothing that was protected at the dump.
 
+#![cfg(feature = "pg")]
+
 use std::process::Command;
 
 use alkblobs_tests::pg::{key, sqlstate, url};

@@ -7,6 +7,8 @@
 //! reading; the ones that pause or terminate it take it for writing, so no
 //! other test of this binary runs meanwhile.
 
+#![cfg(feature = "pg")]
+
 use std::time::{Duration, Instant};
 
 use alkblobs_tests::pg::{
