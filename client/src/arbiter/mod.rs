@@ -39,6 +39,12 @@ pub mod report;
 pub mod single;
 
 pub use guard::{PinGuard, PinRelease};
+
+/// The name under which an arbiter that keeps roots lists them among its
+/// liveness sources ([`Arbiter::liveness_sources`]): part of the contract,
+/// so that a store can tell the roots from the sources an embedder
+/// registered.
+pub const ROOTS_SOURCE: &str = "roots";
 pub use liveness::{LiveCheck, LiveSet, LiveSnapshot, LivenessSource};
 pub use report::{
     DEFAULT_WINDOW, GcAbortCause, SweepOptions, SweepPhase, SweepProgress, SweepReport,

@@ -231,7 +231,7 @@ impl Store {
         let liveness_sources: Vec<String> = arbiter
             .liveness_sources()
             .into_iter()
-            .filter(|s| s != crate::arbiter::single::ROOTS_SOURCE)
+            .filter(|s| s != crate::arbiter::ROOTS_SOURCE)
             .collect();
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -11,8 +11,7 @@ use super::tables::GcTables;
 use crate::arbiter::{GcAbortCause, LiveSnapshot, LivenessSource};
 use crate::{BoxError, Key, Result};
 
-/// The name of the built-in liveness source backed by the store's roots.
-pub const ROOTS_SOURCE: &str = "roots";
+pub use crate::arbiter::ROOTS_SOURCE;
 
 /// Named liveness sources; `roots` is always registered.
 pub(crate) struct Sources {
