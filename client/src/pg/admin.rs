@@ -3,96 +3,11 @@
 
 use std::time::Duration;
 
-use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
 use super::connection::PgPool;
-use crate::{Error, Result};
-
-/// Who collects a pool (`alkblobs_pools.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PoolMode {
-    /// Many store instances share it; pins are rows, the extension sweeps.
-    Fleet,
-    /// One store instance owns it and sweeps it with its in-process arbiter.
-    Single,
-}
-
-impl PoolMode {
-    /// The database's name for it (`fleet`, `single`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PoolMode::Fleet => "fleet",
-            PoolMode::Single => "single",
-        }
-    }
-}
-
-/// Where a pool keeps content over the kv threshold
-/// (`alkblobs_pools.large_tier`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PoolLargeTier {
-    /// Large objects in the same database (`pg-lo`).
-    PgLo,
-    /// Files on media every node shares (`local`).
-    Local,
-    /// Nowhere: a kv-only pool (`none`).
-    None,
-}
-
-impl PoolLargeTier {
-    /// The database's name for it (`pg-lo`, `local`, `none`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PoolLargeTier::PgLo => "pg-lo",
-            PoolLargeTier::Local => "local",
-            PoolLargeTier::None => "none",
-        }
-    }
-
-    /// The tier the database names `text`, if it is one.
-    pub fn parse(text: &str) -> Option<PoolLargeTier> {
-        match text {
-            "pg-lo" => Some(PoolLargeTier::PgLo),
-            "local" => Some(PoolLargeTier::Local),
-            "none" => Some(PoolLargeTier::None),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for PoolMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-impl std::fmt::Display for PoolLargeTier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-/// What the database says about a pool (`alkblobs_pools`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PoolInfo {
-    /// The pool's name.
-    pub name: String,
-    /// Who collects it.
-    pub mode: PoolMode,
-    /// Where its large content goes.
-    pub large_tier: PoolLargeTier,
-    /// The pool's delete window.
-    pub delete_window: Duration,
-    /// The pool's pin TTL.
-    pub pin_ttl: Duration,
-    /// How often the extension's scheduler sweeps the pool (`None`: only
-    /// when a node or an operator does).
-    pub sweep_every: Option<Duration>,
-}
+use super::info::{PoolInfo, PoolLargeTier, pool_info};
+use crate::Result;
 
 /// One pool's row of `alkblobs_health` ([`PgPool::health`]): is its
 /// collector running, and is anything piling up? docs/operations.md,
@@ -128,31 +43,6 @@ pub struct PoolHealth {
     pub abandoned_upload_bytes: i64,
     /// Registered liveness tables that fail validation.
     pub invalid_sources: i64,
-}
-
-pub(super) fn pool_info(row: &Row) -> Result<PoolInfo> {
-    let mode: String = row.get(1);
-    let tier: String = row.get(2);
-    let unknown = |what: &str, v: &str| {
-        Error::Config(format!(
-            "pool {:?} has {what} {v:?}, which this client does not know: upgrade the client with the extension",
-            row.get::<_, String>(0)
-        ))
-    };
-    Ok(PoolInfo {
-        name: row.get(0),
-        mode: match mode.as_str() {
-            "fleet" => PoolMode::Fleet,
-            "single" => PoolMode::Single,
-            other => return Err(unknown("mode", other)),
-        },
-        large_tier: PoolLargeTier::parse(&tier).ok_or_else(|| unknown("large tier", &tier))?,
-        delete_window: interval_secs(row.get::<_, String>(3).as_str()),
-        pin_ttl: interval_secs(row.get::<_, String>(4).as_str()),
-        sweep_every: row
-            .get::<_, Option<String>>(5)
-            .map(|s| interval_secs(s.as_str())),
-    })
 }
 
 /// A duration as an interval literal PostgreSQL parses exactly.
@@ -213,11 +103,6 @@ impl PoolSettings {
         self.sweep_every = Some(every);
         self
     }
-}
-
-fn interval_secs(text: &str) -> Duration {
-    // `alkblobs_pools` intervals as text with extract(epoch): seconds.
-    Duration::from_secs_f64(text.parse::<f64>().unwrap_or(0.0).max(0.0))
 }
 
 impl PgPool {

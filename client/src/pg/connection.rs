@@ -10,8 +10,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::admin::{PoolInfo, pool_info};
 use super::errors::{db_err, pool_err, rename};
+use super::info::{PoolInfo, pool_info};
 use crate::{Error, Key, Result};
 
 /// The extension version this client speaks.

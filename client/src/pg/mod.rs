@@ -7,9 +7,11 @@
 mod admin;
 mod connection;
 mod errors;
+mod info;
 mod tls;
 
-pub use admin::{PoolHealth, PoolInfo, PoolLargeTier, PoolMode, PoolSettings};
+pub use admin::{PoolHealth, PoolSettings};
 pub use connection::{EXTENSION_VERSION, PgOptions, PgPool};
 pub(crate) use connection::{InTx, finish};
 pub(crate) use errors::{db_err, rename};
+pub use info::{PoolInfo, PoolLargeTier, PoolMode};

@@ -31,3 +31,8 @@ pub use crate::pg::{
 };
 pub use kv::PostgresBackend;
 pub use pg_lo::PgLoBackend;
+
+/// Bytes per `alkblobs_lo_write` / `alkblobs_lo_read` call (the server
+/// reads and writes a large object in 2 KiB pages either way; bigger
+/// windows only save round trips and per-call overhead).
+const WINDOW: usize = 4 << 20;

@@ -12,19 +12,15 @@ use deadpool_postgres::Object;
 use futures::StreamExt;
 use tokio_postgres::types::Type;
 
+use super::WINDOW;
 use super::queries::{delete_keys, list_tier, stat, tier_usage};
-use super::writer::{PgLoWrite, tokio_stream_from};
+use super::writer::PgLoWrite;
 use crate::backend::{
     Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite,
 };
 use crate::pg::{InTx, PgPool, finish};
 use crate::pg::{db_err, rename};
 use crate::{Error, Key, Result};
-
-/// Bytes per `alkblobs_lo_write` / `alkblobs_lo_read` call (the server
-/// reads and writes a large object in 2 KiB pages either way; bigger
-/// windows only save round trips and per-call overhead).
-pub(super) const WINDOW: usize = 4 << 20;
 
 /// The `pg-lo` large engine; see the module docs.
 #[derive(Debug, Clone)]
@@ -201,6 +197,7 @@ impl LargeBackend for PgLoBackend {
         let loid: u32 = row.get(0);
         Ok(Box::new(PgLoWrite {
             engine: self,
+            pg: &self.pg,
             conn: Some(c.into_object()),
             loid,
             buf: BytesMut::with_capacity(WINDOW),
@@ -324,4 +321,11 @@ impl LargeBackend for PgLoBackend {
         let _ = finish(c, "COMMIT").await;
         res
     }
+}
+
+/// A bounded channel as a stream of chunks.
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }

@@ -7,25 +7,21 @@ use bytes::{Bytes, BytesMut};
 use deadpool_postgres::Object;
 use tokio_postgres::types::Type;
 
-use super::pg_lo::{PgLoBackend, WINDOW};
+use super::WINDOW;
 use crate::backend::{PutOutcome, StagedWrite};
+use crate::pg::PgPool;
 use crate::pg::db_err;
 use crate::pg::{InTx, finish};
 use crate::{Error, Key, Result};
-
-/// A bounded channel as a stream of chunks.
-pub(super) fn tokio_stream_from(
-    mut rx: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
-) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
-}
 
 /// An upload in progress: one transaction on one connection, the bytes
 /// written to the extension's upload in windows. Dropped without a commit,
 /// the connection is closed (not returned to the pool), which rolls the
 /// transaction and the large object back.
 pub(super) struct PgLoWrite<'a> {
-    pub(super) engine: &'a PgLoBackend,
+    /// The engine, for messages.
+    pub(super) engine: &'a (dyn std::fmt::Display + Sync),
+    pub(super) pg: &'a PgPool,
     pub(super) conn: Option<Object>,
     pub(super) loid: u32,
     pub(super) buf: BytesMut,
@@ -97,12 +93,12 @@ impl StagedWrite for PgLoWrite<'_> {
                 .ok_or_else(|| Error::engine(self.engine, "upload already finished"))?,
         );
         let k = key.as_bytes().to_vec();
-        let owner = self.engine.pg.owner();
+        let owner = self.pg.owner();
         let created = c
             .query_typed_one(
                 "SELECT alkblobs_lo_commit($1, $2, $3, $4)",
                 &[
-                    (&self.engine.pg.name(), Type::TEXT),
+                    (&self.pg.name(), Type::TEXT),
                     (&k, Type::BYTEA),
                     (&self.loid, Type::OID),
                     (&owner, Type::TEXT),
