@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""The mutation runner: removes one guard at a time and checks that the tests
+named for it fail.
+
+    scripts/mutants.py            every mutation below
+    scripts/mutants.py ID ...     just those
+    scripts/mutants.py --list     what there is
+
+Each mutation edits one file (the `find` text must occur exactly once; the
+edit is undone afterwards, also on Ctrl-C), rebuilds what it must (a SQL or
+extension mutation reinstalls the extension and recreates it in the test
+databases), and runs its tests with `cargo test --no-fail-fast`, with a
+time limit (a hang counts as caught: the guard that keeps a wait bounded is
+gone). A mutation SURVIVES if its tests pass with the guard removed; the
+runner exits 1 if any does. It starts the two test clusters itself
+(scripts/pg-cluster.sh, as scripts/test.sh does) and stops them at the end.
+
+Not run in CI (it rebuilds once per mutation). On the 2-core machine the
+full list takes about 12 minutes; each SQL mutation costs an extension
+reinstall (~20 s) plus its tests. docs/design.md's mutation tables name
+the guards; this list is the part of them that is re-runnable.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+root = pathlib.Path(__file__).resolve().parent.parent
+PG1 = "postgresql://postgres@127.0.0.1:54329/alkblobs_test"
+PG2 = "postgresql://postgres@127.0.0.1:54330/alkblobs_test"
+
+# (id, what the mutation removes, file, find, replace, kind, tests)
+# kind: "rust" (the client: tests rebuild it) or "ext" (sql/ or pg_ext/:
+# reinstall the extension). tests: (cargo arguments, env) pairs.
+PG_TESTS = ["-p", "alkblobs-tests", "--features", "pg"]
+MUTATIONS = [
+    ("sqlite-put-hook",
+     "the sqlite engine never runs its companion's put hook (a re-put keeps its staged row)",
+     "client/src/backend/sqlite/mod.rs",
+     "self.hook.filter(|_| self.hook_active).map(|h| h.on_put)",
+     "self.hook.filter(|_| false).map(|h| h.on_put)",
+     "rust",
+     [(["-p", "alkblobs-tests", "--test", "gc", "--", "a_re_put_of_a_staged_key_gets_a_fresh_window"], {})]),
+    ("driver-kinds",
+     "driver I/O and connect errors not classified as Unavailable",
+     "client/src/pg/errors.rs",
+     '"error connecting to server" => DriverKind::Connect,',
+     '"error connecting to server" => DriverKind::Other,',
+     "rust",
+     [(PG_TESTS + ["--test", "pg_restart", "--", "refused"], {"ALKBLOBS_PG_URL": PG1})]),
+    ("adopt",
+     "no adoption after a server start or a restore (pins lapse, windows end while nothing could renew)",
+     "sql/api.sql",
+     "    RETURN pl.mode = 'single'\n        OR (pl.seen_incarnation",
+     "    RETURN true OR pl.mode = 'single'\n        OR (pl.seen_incarnation",
+     "ext",
+     [(PG_TESTS + ["--test", "pg_restore"], {"ALKBLOBS_PG_URL": PG1, "ALKBLOBS_PG_URL_OTHER": PG2}),
+      (PG_TESTS + ["--test", "pg_restart", "--", "outage"], {"ALKBLOBS_PG_URL": PG1})]),
+    ("upload-xid",
+     "a restored upload's foreign transaction id reaches pg_xact_status (22023)",
+     "sql/api.sql",
+     "EXCEPTION WHEN invalid_parameter_value THEN\n    RETURN false;  -- \"transaction ID",
+     "EXCEPTION WHEN division_by_zero THEN\n    RETURN false;  -- \"transaction ID",
+     "ext",
+     [(PG_TESTS + ["--test", "pg_restore", "--", "another_cluster"], {"ALKBLOBS_PG_URL": PG1, "ALKBLOBS_PG_URL_OTHER": PG2})]),
+    ("sweep-all-operators",
+     "alkblobs_sweep_all uses an unqualified operator (the caller's search_path resolves it)",
+     "sql/api.sql",
+     "calls := calls OPERATOR(pg_catalog.+) 1;",
+     "calls := calls + 1;",
+     "ext",
+     [(PG_TESTS + ["--test", "pg_hardening", "--", "a_schema_before_pg_catalog"], {"ALKBLOBS_PG_URL": PG1})]),
+    ("put-many-retry",
+     "alkblobs_put_many does not run its pass again when a key was deleted under it",
+     "sql/api.sql",
+     "                IF cardinality(present) < cardinality(others) THEN\n                    RAISE EXCEPTION 'a key was deleted under the batch'",
+     "                IF false THEN\n                    RAISE EXCEPTION 'a key was deleted under the batch'",
+     "ext",
+     [(PG_TESTS + ["--test", "pg_races", "--", "put_many_batches"], {"ALKBLOBS_PG_URL": PG1})]),
+    ("pin-role-names",
+     "pins record their role as a regrole (a missing role makes the pins table fail to restore)",
+     "sql/bootstrap.sql",
+     "    role       name NOT NULL,\n    owner      text NOT NULL",
+     "    role       regrole NOT NULL,\n    owner      text NOT NULL",
+     "ext",
+     [(PG_TESTS + ["--test", "pg_restore", "--", "another_cluster"], {"ALKBLOBS_PG_URL": PG1, "ALKBLOBS_PG_URL_OTHER": PG2})]),
+    ("scheduler-guc",
+     "the library defines its postmaster-only setting when it is not preloaded (CREATE EXTENSION fails at FATAL)",
+     "pg_ext/src/scheduler.rs",
+     "    if preloading {\n        PRELOADED.store(true",
+     "    if true {\n        PRELOADED.store(preloading",
+     "ext",
+     [(PG_TESTS + ["--test", "pg_default_server"], {"ALKBLOBS_PG_URL": PG2})]),
+]
+
+
+def sh(cmd, env=None, timeout=None, quiet=False):
+    e = dict(os.environ)
+    e.update(env or {})
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.run(cmd, cwd=root, env=e, timeout=timeout, stdout=out, stderr=out).returncode
+
+
+def clusters(action):
+    sh(["scripts/pg-cluster.sh", action], quiet=True)
+    sh(["scripts/pg-cluster.sh", action], env={"ALKBLOBS_PG_PRELOAD": "0", "ALKBLOBS_PG_PORT": "54330"}, quiet=True)
+
+
+def install_extension():
+    if sh(["bash", "-c", "cd pg_ext && "
+           "cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config"], quiet=True) != 0:
+        raise SystemExit("cannot install the extension")
+    # A fresh extension in the two test databases (restarting the clusters
+    # also loads a rebuilt library into the preloading one).
+    clusters("stop")
+    clusters("start")
+    for url in (PG1, PG2):
+        sh(["psql", "-X", "-q", url, "-c", "DROP EXTENSION IF EXISTS alkblobs CASCADE", "-c", "CREATE EXTENSION alkblobs"], quiet=True)
+
+
+def run(m):
+    mid, what, rel, find, replace, kind, tests = m
+    path = root / rel
+    original = path.read_text()
+    if original.count(find) != 1:
+        print(f"  {mid}: the text to mutate occurs {original.count(find)} times in {rel}: update the runner")
+        return "broken"
+    try:
+        path.write_text(original.replace(find, replace))
+        if kind == "ext":
+            install_extension()
+        caught = False
+        for args, env in tests:
+            try:
+                rc = sh(["cargo", "test", "--no-fail-fast"] + args, env=env, timeout=600, quiet=True)
+            except subprocess.TimeoutExpired:
+                rc = -1
+            if rc != 0:
+                caught = True
+        return "caught" if caught else "SURVIVED"
+    finally:
+        path.write_text(original)
+
+
+def main():
+    args = [a for a in sys.argv[1:]]
+    if "--list" in args:
+        for m in MUTATIONS:
+            print(f"{m[0]:22} {m[1]}")
+        return 0
+    chosen = [m for m in MUTATIONS if not args or m[0] in args]
+    if args and len(chosen) != len(args):
+        print("unknown mutation id; --list names them", file=sys.stderr)
+        return 2
+    clusters("stop")
+    clusters("start")
+    results = []
+    try:
+        for m in chosen:
+            print(f"mutation {m[0]}: {m[1]}", flush=True)
+            r = run(m)
+            print(f"  -> {r}", flush=True)
+            results.append((m[0], r))
+    finally:
+        if any(m[5] == "ext" for m in chosen):
+            install_extension()  # the unmutated extension back
+        clusters("stop")
+    bad = [i for i, r in results if r != "caught"]
+    print(f"{len(results) - len(bad)} of {len(results)} mutations caught" + (f"; not caught: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
