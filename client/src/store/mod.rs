@@ -29,6 +29,7 @@ mod gc;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod presets;
+mod publication;
 mod put;
 mod read;
 mod types;

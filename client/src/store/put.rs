@@ -47,13 +47,12 @@ impl Store {
         let size = bytes.len() as u64;
         let tier = self.tier_checked(size)?;
         // Pin before publish: from here on no sweep can delete the key.
-        let pin = self.inner.arbiter.pin(tier, &[key]).await?;
-        self.inner.arbiter.before_publish(tier, &[key]).await?;
+        let publication = self.begin_publication(tier, vec![key]).await?;
         let outcome = match tier {
             Tier::Kv => self.inner.pool.kv().put(&key, bytes).await?,
             Tier::Large => self.large_engine()?.put(&key, bytes).await?,
         };
-        self.inner.arbiter.published(tier, &[key]).await?;
+        let pin = publication.published().await?;
         tracing::debug!(%key, size, %tier, ?outcome, "put");
         Ok(Put {
             key,
@@ -108,13 +107,15 @@ impl Store {
         key: Key,
         size: u64,
     ) -> Result<Put> {
-        let pin = self.inner.arbiter.pin(Tier::Large, &[key]).await?;
-        if let Err(e) = self.inner.arbiter.before_publish(Tier::Large, &[key]).await {
-            let _ = writer.abort().await;
-            return Err(e);
-        }
+        let publication = match self.begin_publication(Tier::Large, vec![key]).await {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = writer.abort().await;
+                return Err(e);
+            }
+        };
         let outcome = writer.commit(&key).await?;
-        self.inner.arbiter.published(Tier::Large, &[key]).await?;
+        let pin = publication.published().await?;
         tracing::debug!(%key, size, ?outcome, "large put");
         Ok(Put {
             key,
@@ -174,19 +175,12 @@ impl Store {
                     .map(|e| e.key)
                     .collect()
             };
-            let mut pin = self
-                .inner
-                .arbiter
-                .pin(Tier::Kv, &tier_keys(Tier::Kv))
+            let kv_publication = self
+                .begin_publication(Tier::Kv, tier_keys(Tier::Kv))
                 .await?;
-            let large = tier_keys(Tier::Large);
-            if !large.is_empty() {
-                pin.merge(self.inner.arbiter.pin(Tier::Large, &large).await?);
-                self.inner
-                    .arbiter
-                    .before_publish(Tier::Large, &large)
-                    .await?;
-            }
+            let large_publication = self
+                .begin_publication(Tier::Large, tier_keys(Tier::Large))
+                .await?;
             let kv_items: Vec<(Key, Bytes)> = entries
                 .iter()
                 .zip(&blobs)
@@ -195,26 +189,16 @@ impl Store {
                 .collect();
             let kv = self.inner.pool.kv();
             let mut kv_outcomes = kv.put_many(&kv_items).await?.into_iter();
-            let mut large_keys = Vec::new();
             for (e, b) in entries.iter_mut().zip(&blobs) {
                 e.outcome = match e.tier {
                     Tier::Kv => kv_outcomes
                         .next()
                         .ok_or_else(|| Error::engine(kv, "put_many returned too few outcomes"))?,
-                    Tier::Large => {
-                        large_keys.push(e.key);
-                        self.large_engine()?.put(&e.key, b.clone()).await?
-                    }
+                    Tier::Large => self.large_engine()?.put(&e.key, b.clone()).await?,
                 };
             }
-            let kv_keys: Vec<Key> = kv_items.iter().map(|(k, _)| *k).collect();
-            self.inner.arbiter.published(Tier::Kv, &kv_keys).await?;
-            if !large_keys.is_empty() {
-                self.inner
-                    .arbiter
-                    .published(Tier::Large, &large_keys)
-                    .await?;
-            }
+            let mut pin = kv_publication.published().await?;
+            pin.merge(large_publication.published().await?);
             Ok(PutMany { entries, pin })
         }
         .instrument(span)
