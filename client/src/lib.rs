@@ -45,8 +45,8 @@ pub mod store;
 mod tier;
 
 pub use arbiter::{
-    Arbiter, GcAbortCause, LiveCheck, LiveSet, LiveSnapshot, LivenessSource, PinGuard, StagedRow,
-    SweepOptions, SweepPhase, SweepProgress, SweepReport,
+    Arbiter, GcAbortCause, LiveCheck, LiveSet, LiveSnapshot, LivenessSource, PinGuard, Registry,
+    StagedRow, SweepOptions, SweepPhase, SweepProgress, SweepReport,
 };
 pub use backend::{Backend, BackendExt, Durability, LargeBackend, OpenMode, PutOutcome, Sharing};
 pub use error::{BoxError, Error, ErrorKind, Result, sqlstate_kind};

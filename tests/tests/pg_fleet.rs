@@ -13,7 +13,7 @@ use alkblobs::arbiter::GcAbortCause;
 use alkblobs::conformance::store::Config;
 use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::store::postgres::PostgresOptions;
-use alkblobs::{Error, Key, Store, SweepOptions, store_suite};
+use alkblobs::{Error, Key, Store, SweepOptions, arbiter_suite, store_suite};
 use alkblobs_tests::pg::{connect, pool_with, url};
 use tokio_postgres::Client;
 
@@ -49,6 +49,26 @@ store_suite!(fleet_pg_lo, TIERED, async {
 store_suite!(fleet_kv_only, KV_ONLY, async {
     let pool = fleet_pool("fl-none", "60 seconds", "none").await;
     (open(&pool, FleetLarge::KvOnly).await, ())
+});
+
+// The published arbiter cases every arbiter answers, over the fleet
+// arbiter in each of its configurations (it has no in-process registry, and
+// the window is the pool's: 0 s here).
+arbiter_suite!(protocol: fleet_pg_lo_arbiter, async {
+    let pool = fleet_pool("fa-lo", "60 seconds", "pg-lo").await;
+    (open(&pool, FleetLarge::PgLo).await, ())
+});
+
+arbiter_suite!(protocol: fleet_kv_only_arbiter, async {
+    let pool = fleet_pool("fa-none", "60 seconds", "none").await;
+    (open(&pool, FleetLarge::KvOnly).await, ())
+});
+
+arbiter_suite!(protocol: fleet_shared_local_arbiter, async {
+    let pool = fleet_pool("fa-local", "60 seconds", "local").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&pool, FleetLarge::SharedLocal(dir.path().join("large"))).await;
+    (s, dir)
 });
 
 store_suite!(fleet_shared_local, TIERED, async {

@@ -792,6 +792,10 @@ async fn only_the_tables_owner_unregisters_it() {
         Err("42501".into()),
         "another team unregistered the table"
     );
+    // (PostgreSQL reports an error before its transaction has aborted and
+    // released the pool lock the call took: wait for b to be idle, or the
+    // sweep below may find the lock still held.)
+    b.batch_execute("SELECT 1").await.unwrap();
     assert_eq!(try_sweep(&a, &pool).await, Ok((0, None)));
     assert!(exists(&su, &pool, &k).await);
     let e = a

@@ -41,7 +41,7 @@ pub mod single;
 pub use guard::{PinGuard, PinRelease};
 
 /// The name under which an arbiter that keeps roots lists them among its
-/// liveness sources ([`Arbiter::liveness_sources`]): part of the contract,
+/// liveness sources ([`Registry::liveness_sources`]): part of the contract,
 /// so that a store can tell the roots from the sources an embedder
 /// registered.
 pub const ROOTS_SOURCE: &str = "roots";
@@ -114,6 +114,32 @@ pub struct GcUsage {
     pub staged: u64,
     /// Persistent roots.
     pub roots: u64,
+}
+
+/// The optional ability of an arbiter that consults in-process state when
+/// it sweeps: persistent roots and named liveness callbacks
+/// ([`Arbiter::registry`]). Every arbiter has the protection protocol
+/// ([`Arbiter`]); only some have a registry.
+#[async_trait]
+pub trait Registry: Send + Sync {
+    /// Adds persistent roots. Returns how many were new.
+    async fn add_roots(&self, keys: &[Key]) -> Result<u64>;
+
+    /// Removes persistent roots. Returns how many were present.
+    async fn remove_roots(&self, keys: &[Key]) -> Result<u64>;
+
+    /// Roots with key after `after`, ascending, at most `limit`.
+    async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>>;
+
+    /// Registers (or replaces) a named liveness source.
+    fn register_liveness(&self, name: &str, source: Arc<dyn LivenessSource>) -> Result<()>;
+
+    /// Removes a liveness source; true if it was registered.
+    fn unregister_liveness(&self, name: &str) -> bool;
+
+    /// The registered liveness sources' names (the roots among them, as
+    /// [`ROOTS_SOURCE`]).
+    fn liveness_sources(&self) -> Vec<String>;
 }
 
 /// Decides who may delete what; see the module docs.
@@ -189,28 +215,26 @@ pub trait Arbiter: Send + Sync + fmt::Debug {
     /// The pool's delete window.
     fn delete_window(&self) -> Duration;
 
-    /// Adds persistent roots. Returns how many were new.
-    async fn add_roots(&self, keys: &[Key]) -> Result<u64>;
-
-    /// Removes persistent roots. Returns how many were present.
-    async fn remove_roots(&self, keys: &[Key]) -> Result<u64>;
-
-    /// Roots with key after `after`, ascending, at most `limit`.
-    async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>>;
-
     /// Staged and root counts.
     async fn usage(&self) -> Result<GcUsage>;
 
-    /// Registers (or replaces) a named liveness source. An arbiter that
-    /// cannot consult a callback (a fleet) refuses with
-    /// [`crate::Error::Config`].
-    fn register_liveness(&self, name: &str, source: Arc<dyn LivenessSource>) -> Result<()>;
+    /// The arbiter's registry of persistent roots and named liveness
+    /// callbacks, if it has one (an in-process arbiter). An arbiter whose
+    /// sweeps run elsewhere (a fleet's, in the database) has none: it
+    /// protects through registered liveness tables instead.
+    fn registry(&self) -> Option<&dyn Registry> {
+        None
+    }
 
-    /// Removes a liveness source; true if it was registered.
-    fn unregister_liveness(&self, name: &str) -> bool;
-
-    /// The registered liveness sources' names.
-    fn liveness_sources(&self) -> Vec<String>;
+    /// The error for a registry call (`what`: "roots" or a liveness
+    /// source's name) to an arbiter that has no registry, saying what to do
+    /// instead.
+    fn no_registry(&self, what: &str) -> crate::Error {
+        crate::Error::Config(format!(
+            "the {} arbiter keeps no in-process roots or liveness sources ({what:?})",
+            self.name()
+        ))
+    }
 
     /// What the arbiter's own authority says about `key` (the fleet's
     /// database: `alkblobs_explain`'s aspect/detail rows, pins by owner with

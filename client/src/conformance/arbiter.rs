@@ -13,9 +13,28 @@ use super::data;
 use crate::{BoxError, GcAbortCause, Key, Store, SweepOptions, SweepPhase};
 
 /// Stamps one test per arbiter case for a store configuration. `$make` is an
-/// async block returning `(store, guard)`.
+/// async block returning `(store, guard)`. `protocol: name, make` stamps
+/// only the protection-protocol cases every arbiter answers (pins, one
+/// sweeper, dry runs), for an arbiter without a
+/// [`crate::arbiter::Registry`] (no in-process roots or liveness callbacks)
+/// whose delete window is its pool's (a fleet's: the pool needs a zero
+/// window for these cases). Not among them: `a_put_during_a_sweep_survives_it`,
+/// which holds for an in-process arbiter by its touched set even at window
+/// 0; a fleet protects such a put by the pool's delete window (what a mark
+/// stages is due a window after the mark ends), which a zero-window pool
+/// gives up — the database side of that race is in the PostgreSQL race
+/// suites.
 #[macro_export]
 macro_rules! arbiter_suite {
+    (protocol: $name:ident, $make:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::arbiter_suite!(@cases $make;
+                pins_protect_until_dropped, a_second_sweeper_gets_the_lock_abort,
+                dry_runs_change_nothing);
+        }
+    };
     ($name:ident, $make:expr) => {
         mod $name {
             #[allow(unused_imports)]

@@ -48,7 +48,8 @@ impl Store {
 
     /// Registers (or replaces) a named liveness source.
     pub fn register_liveness(&self, name: &str, source: impl LivenessSource) -> Result<()> {
-        self.inner.arbiter.register_liveness(name, Arc::new(source))
+        self.registry(name)?
+            .register_liveness(name, Arc::new(source))
     }
 
     /// Registers a "set of live keys" source.
@@ -71,12 +72,19 @@ impl Store {
 
     /// Removes a liveness source; true if it was registered.
     pub fn unregister_liveness(&self, name: &str) -> bool {
-        self.inner.arbiter.unregister_liveness(name)
+        self.inner
+            .arbiter
+            .registry()
+            .is_some_and(|r| r.unregister_liveness(name))
     }
 
     /// The registered liveness sources' names (including `roots`).
     pub fn liveness_sources(&self) -> Vec<String> {
-        self.inner.arbiter.liveness_sources()
+        self.inner
+            .arbiter
+            .registry()
+            .map(|r| r.liveness_sources())
+            .unwrap_or_default()
     }
 
     /// Runs a sweep. An abort (a failing source, another sweep running) is
@@ -132,13 +140,13 @@ impl Store {
     /// live. Returns how many were new.
     pub async fn add_roots(&self, keys: &[Key]) -> Result<u64> {
         self.check_open()?;
-        self.inner.arbiter.add_roots(keys).await
+        self.registry("roots")?.add_roots(keys).await
     }
 
     /// Removes roots. Returns how many were present.
     pub async fn remove_roots(&self, keys: &[Key]) -> Result<u64> {
         self.check_open()?;
-        self.inner.arbiter.remove_roots(keys).await
+        self.registry("roots")?.remove_roots(keys).await
     }
 
     /// Every root, ascending, streamed.
@@ -152,7 +160,12 @@ impl Store {
             |k: &Key| *k,
             move |after| {
                 let arbiter = arbiter.clone();
-                async move { arbiter.roots(after, 4096).await }
+                async move {
+                    match arbiter.registry() {
+                        Some(r) => r.roots(after, 4096).await,
+                        None => Ok(Vec::new()),
+                    }
+                }
             },
         )
     }
@@ -222,14 +235,19 @@ impl Store {
         let entry = self.stat(key).await?;
         let pins_here = arbiter.pin_count(key);
         let after = predecessor(key);
-        let root = arbiter.roots(after, 1).await?.first() == Some(key);
+        let root = match arbiter.registry() {
+            Some(r) => r.roots(after, 1).await?.first() == Some(key),
+            None => false,
+        };
         let staged = arbiter
             .staged(after, 1)
             .await?
             .into_iter()
             .find(|r| r.key == *key);
         let liveness_sources: Vec<String> = arbiter
-            .liveness_sources()
+            .registry()
+            .map(|r| r.liveness_sources())
+            .unwrap_or_default()
             .into_iter()
             .filter(|s| s != crate::arbiter::ROOTS_SOURCE)
             .collect();
@@ -275,5 +293,16 @@ impl Store {
                 .collect(),
             verdict,
         })
+    }
+}
+
+impl Store {
+    /// The arbiter's registry (roots, liveness callbacks), or the error
+    /// its arbiter gives for `what` when it has none.
+    fn registry(&self, what: &str) -> Result<&dyn crate::arbiter::Registry> {
+        self.inner
+            .arbiter
+            .registry()
+            .ok_or_else(|| self.inner.arbiter.no_registry(what))
     }
 }

@@ -51,8 +51,8 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
 
 use super::{
-    Arbiter, GcAbortCause, GcUsage, LivenessSource, PinGuard, PinRelease, Pool, Scope, StagedRow,
-    SweepOptions, SweepPhase, SweepProgress, SweepReport,
+    Arbiter, GcAbortCause, GcUsage, PinGuard, PinRelease, Pool, Scope, StagedRow, SweepOptions,
+    SweepPhase, SweepProgress, SweepReport,
 };
 use crate::pg::{PgPool, PoolInfo, PoolLargeTier};
 use crate::tier::Tier;
@@ -399,6 +399,10 @@ impl Arbiter for FleetArbiter {
             )));
         }
         let started = Instant::now();
+        // This instance's dropped guards first: their rows would go within
+        // a moment anyway (the release task), and a sweep by the instance
+        // that dropped them should not keep what it no longer holds.
+        s.release_queued().await;
         // The lease: see `Lease`.
         let result = if let Some(lease) = Lease::take(&self.shared).await? {
             // (Test support: a hook at Mark runs with the lease held.)
@@ -457,18 +461,6 @@ impl Arbiter for FleetArbiter {
         self.shared.info.delete_window
     }
 
-    async fn add_roots(&self, _keys: &[Key]) -> Result<u64> {
-        Err(fleet_liveness("roots"))
-    }
-
-    async fn remove_roots(&self, _keys: &[Key]) -> Result<u64> {
-        Err(fleet_liveness("roots"))
-    }
-
-    async fn roots(&self, _after: Option<Key>, _limit: usize) -> Result<Vec<Key>> {
-        Ok(Vec::new())
-    }
-
     async fn usage(&self) -> Result<GcUsage> {
         let s = &self.shared;
         let rows =
@@ -485,16 +477,8 @@ impl Arbiter for FleetArbiter {
         })
     }
 
-    fn register_liveness(&self, name: &str, _source: Arc<dyn LivenessSource>) -> Result<()> {
-        Err(fleet_liveness(name))
-    }
-
-    fn unregister_liveness(&self, _name: &str) -> bool {
-        false
-    }
-
-    fn liveness_sources(&self) -> Vec<String> {
-        Vec::new()
+    fn no_registry(&self, what: &str) -> Error {
+        fleet_liveness(what)
     }
 
     async fn explain(&self, key: &Key) -> Result<Vec<(String, String)>> {

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Arbiter, GcUsage, LivenessSource, PinGuard, Pool, Scope, SweepOptions, SweepReport};
+use super::{
+    Arbiter, GcUsage, LivenessSource, PinGuard, Pool, Registry, Scope, SweepOptions, SweepReport,
+};
 use crate::tier::Tier;
 use crate::{Error, Key, Result};
 
@@ -150,18 +152,6 @@ impl Arbiter for SingleNodeArbiter {
         self.window
     }
 
-    async fn add_roots(&self, keys: &[Key]) -> Result<u64> {
-        self.tables.add_roots(keys).await
-    }
-
-    async fn remove_roots(&self, keys: &[Key]) -> Result<u64> {
-        self.tables.remove_roots(keys).await
-    }
-
-    async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>> {
-        self.tables.roots(after, limit).await
-    }
-
     async fn usage(&self) -> Result<GcUsage> {
         use futures::TryStreamExt;
         let tables = self.tables.clone();
@@ -189,6 +179,29 @@ impl Arbiter for SingleNodeArbiter {
         Ok(GcUsage { staged, roots })
     }
 
+    fn registry(&self) -> Option<&dyn Registry> {
+        Some(self)
+    }
+
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Registry for SingleNodeArbiter {
+    async fn add_roots(&self, keys: &[Key]) -> Result<u64> {
+        self.tables.add_roots(keys).await
+    }
+
+    async fn remove_roots(&self, keys: &[Key]) -> Result<u64> {
+        self.tables.remove_roots(keys).await
+    }
+
+    async fn roots(&self, after: Option<Key>, limit: usize) -> Result<Vec<Key>> {
+        self.tables.roots(after, limit).await
+    }
+
     fn register_liveness(&self, name: &str, source: Arc<dyn LivenessSource>) -> Result<()> {
         self.sources.register(name, source)
     }
@@ -199,9 +212,5 @@ impl Arbiter for SingleNodeArbiter {
 
     fn liveness_sources(&self) -> Vec<String> {
         self.sources.source_names()
-    }
-
-    async fn close(&self) -> Result<()> {
-        Ok(())
     }
 }
