@@ -142,6 +142,11 @@ def run(m, baseline=False):
                 install_extension()
         caught = False
         for args, env in tests:
+            # A mutation that does not build proves nothing: build first.
+            build = args[: args.index("--")] if "--" in args else args
+            if sh(["cargo", "test", "--no-run"] + build, env=env, quiet=True) != 0:
+                print(f"  {mid}: the mutated code does not build: update the runner")
+                return "broken"
             try:
                 rc = sh(["cargo", "test", "--no-fail-fast"] + args, env=env, timeout=600, quiet=True)
             except subprocess.TimeoutExpired:
