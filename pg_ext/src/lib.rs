@@ -2,7 +2,8 @@
 //! database.
 //!
 //! The SQL API and the protocol live in `sql/` (loaded in order:
-//! `bootstrap.sql`, these Rust functions, `api.sql`, `finalize.sql`). Rust
+//! `bootstrap.sql`, these Rust functions, `api/*.sql` by file name,
+//! `finalize.sql`). Rust
 //! supplies what SQL cannot do well: BLAKE3 over values and over large
 //! objects streamed in bounded windows; and the sweep scheduler, a
 //! background worker (`scheduler.rs`).
@@ -21,9 +22,11 @@ pub extern "C-unwind" fn _PG_init() {
 }
 
 pgrx::extension_sql_file!("../../sql/bootstrap.sql", name = "bootstrap", bootstrap);
+// The SQL API, by concern, in file-name order (each file requires the one
+// before it; scripts/gen-upgrade.py checks that this list is sql/api/*.sql).
 pgrx::extension_sql_file!(
-    "../../sql/api.sql",
-    name = "api",
+    "../../sql/api/10-helpers.sql",
+    name = "api_10_helpers",
     requires = [
         "bootstrap",
         alkblobs::blake3,
@@ -32,6 +35,61 @@ pgrx::extension_sql_file!(
         alkblobs::lock_for_sweep,
         alkblobs::scheduler_preloaded
     ]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/20-pools.sql",
+    name = "api_20_pools",
+    requires = ["api_10_helpers"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/30-puts-and-pins.sql",
+    name = "api_30_puts_and_pins",
+    requires = ["api_20_pools"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/40-reads.sql",
+    name = "api_40_reads",
+    requires = ["api_30_puts_and_pins"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/50-single-instance.sql",
+    name = "api_50_single_instance",
+    requires = ["api_40_reads"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/60-large-objects.sql",
+    name = "api_60_large_objects",
+    requires = ["api_50_single_instance"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/70-liveness.sql",
+    name = "api_70_liveness",
+    requires = ["api_60_large_objects"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/80-local-tier.sql",
+    name = "api_80_local_tier",
+    requires = ["api_70_liveness"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/90-sweep.sql",
+    name = "api_90_sweep",
+    requires = ["api_80_local_tier"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/91-scheduler.sql",
+    name = "api_91_scheduler",
+    requires = ["api_90_sweep"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/92-health.sql",
+    name = "api_92_health",
+    requires = ["api_91_scheduler"]
+);
+pgrx::extension_sql_file!(
+    "../../sql/api/93-explain.sql",
+    name = "api_93_explain",
+    requires = ["api_92_health"]
 );
 pgrx::extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
 

@@ -25,7 +25,7 @@
 //! read-write, `search_path = pg_catalog` and `lock_timeout = 5s` over
 //! whatever the database's or role's defaults say.
 //!
-//! The policy lives in SQL (`sql/api.sql`, "Scheduling"); this file is the
+//! The policy lives in SQL (`sql/api/91-scheduler.sql`); this file is the
 //! loop: signals, configuration reloads, transactions, and nothing about
 //! pools. SIGTERM (server shutdown, `pg_terminate_backend`) stops it after
 //! the call in progress; an error that escapes a transaction (which the SQL

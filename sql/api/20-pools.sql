@@ -1,0 +1,253 @@
+-- alkblobs SQL API, 20-pools.sql: Pools: create, alter, grant and revoke.
+-- (sql/api/*.sql load in file-name order after bootstrap.sql and the Rust
+-- functions; docs/design.md, "Layout". The rules of the whole API are in 10-helpers.sql's header.)
+
+-- Pools ----------------------------------------------------------------------
+
+-- Validates pool settings (NULLs are "unchanged" and pass). The maxima keep
+-- every later `mark_end + window` and `clock_timestamp() + ttl` in range.
+-- True for an interval with a month or year part, a negative day part or a
+-- negative time part (NULL: "unchanged", false).
+CREATE FUNCTION alkblobs.mixed_interval(i interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(extract(year FROM i) <> 0 OR extract(month FROM i) <> 0
+                    OR extract(day FROM i) < 0
+                    OR extract(epoch FROM i) - extract(day FROM i) * 86400 < 0, false)
+$$;
+
+CREATE FUNCTION alkblobs.check_settings(w interval, ttl interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- Interval comparison folds a month into 30 days, so a mixed-unit value
+    -- ('3600000 months -107999700 days') can compare as small and still
+    -- overflow or go negative when added to a timestamp. Only plain spans
+    -- of days, hours, minutes and seconds, none of them negative, are
+    -- accepted; then the comparison below is exact.
+    IF alkblobs.mixed_interval(w) THEN
+        RAISE EXCEPTION 'delete_window must be days, hours, minutes and seconds with no month, year or negative part, got %', w
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF alkblobs.mixed_interval(ttl) THEN
+        RAISE EXCEPTION 'pin_ttl must be days, hours, minutes and seconds with no month, year or negative part, got %', ttl
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF w < interval '0' OR w > interval '366 days' THEN
+        RAISE EXCEPTION 'delete_window must be between 0 and 366 days, got %', w USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ttl <= interval '0' OR ttl > interval '7 days' THEN
+        RAISE EXCEPTION 'pin_ttl must be positive and at most 7 days, got %', ttl USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- Largest large object an upload may write: at least 1 byte, at most
+-- 4 TiB (PostgreSQL's own limit for a large object).
+CREATE FUNCTION alkblobs.check_max_object(n bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF n < 1 OR n > 4398046511104 THEN
+        RAISE EXCEPTION 'max_object_bytes must be between 1 and 4398046511104 (4 TiB), got %', n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- Validates scheduling and health settings (NULLs are "unchanged" and
+-- pass; '0' means "back to the default" and passes too).
+CREATE FUNCTION alkblobs.check_schedule(every interval, keep interval, warn interval, crit interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v record;
+BEGIN
+    FOR v IN SELECT * FROM (VALUES ('sweep_every', every), ('history_keep', keep),
+                                   ('warn_after', warn), ('critical_after', crit)) x(name, val) LOOP
+        IF alkblobs.mixed_interval(v.val) THEN
+            RAISE EXCEPTION '% must be days, hours, minutes and seconds with no month, year or negative part, got %', v.name, v.val
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v.val > interval '0' AND (v.val < interval '1 second' OR v.val > interval '3660 days') THEN
+            RAISE EXCEPTION '% must be between 1 second and 3660 days (or 0 for the default), got %', v.name, v.val
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    IF keep = interval '0' THEN
+        RAISE EXCEPTION 'history_keep must be at least 1 second, got %', keep USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+-- Whether this database's scheduler runs: 'on', 'paused'
+-- (alkblobs.scheduler_enabled = off) or 'off' (no scheduler serves this
+-- database: the library is not in shared_preload_libraries, or the
+-- database is not in alkblobs.scheduler_databases).
+CREATE FUNCTION alkblobs.scheduler_state() RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- (backend_type is hidden from alkblobs_owner; application_name is
+    -- not, and only a superuser's session counts, so no other role can
+    -- pose as the scheduler.)
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity a JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid
+                    WHERE a.application_name = 'alkblobs scheduler' AND a.datname = current_database()
+                      AND r.rolsuper) THEN
+        RETURN 'off';
+    ELSIF lower(coalesce(current_setting('alkblobs.scheduler_enabled', true), 'on')) IN ('off', 'false', 'no', '0') THEN
+        RETURN 'paused';
+    END IF;
+    RETURN 'on';
+END $$;
+
+-- Why scheduling is 'off' in this database, or NULL when a scheduler
+-- serves it (for alkblobs_health's reasons and the notices).
+CREATE FUNCTION alkblobs.scheduler_off_reason() RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    dbs text := current_setting('alkblobs.scheduler_databases', true);
+BEGIN
+    IF NOT alkblobs.scheduler_preloaded() THEN
+        RETURN 'the alkblobs library is not in shared_preload_libraries';
+    ELSIF NOT EXISTS (SELECT 1 FROM pg_catalog.regexp_split_to_table(coalesce(dbs, ''), ',') d
+                       WHERE pg_catalog.btrim(d) OPERATOR(pg_catalog.=) current_database()) THEN
+        RETURN format('database "%s" is not in alkblobs.scheduler_databases', current_database());
+    ELSIF alkblobs.scheduler_state() = 'off' THEN
+        RETURN 'its background worker is not running (see the server log)';
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- The notice a pool with a schedule gets when nothing will run it.
+CREATE FUNCTION alkblobs.notice_if_unscheduled(pool_name text, every interval) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    st text := alkblobs.scheduler_state();
+BEGIN
+    IF every IS NOT NULL AND st <> 'on' THEN
+        RAISE NOTICE 'alkblobs pool "%" has sweep_every = %, but scheduling is % in database "%"%: nothing sweeps it until a node or an operator does',
+                     pool_name, every, st, current_database(),
+                     coalesce(' (' || CASE WHEN st = 'off' THEN alkblobs.scheduler_off_reason() END || ')', '')
+            USING HINT = CASE WHEN st = 'paused' THEN 'alkblobs.scheduler_enabled is off; turn it on and reload (SELECT pg_reload_conf()).'
+                         ELSE 'Add alkblobs to shared_preload_libraries and this database to alkblobs.scheduler_databases, then restart the server; or schedule CALL alkblobs_sweep_all(pool) with pg_cron (docs/operations.md, "Scheduled sweeps").' END;
+    END IF;
+END $$;
+
+CREATE FUNCTION @extschema@.alkblobs_create_pool(
+    pool text,
+    delete_window interval DEFAULT '5 minutes',
+    pin_ttl interval DEFAULT '60 seconds',
+    large_tier text DEFAULT 'pg-lo',
+    max_object_bytes bigint DEFAULT 68719476736,
+    single_instance boolean DEFAULT false,
+    sweep_every interval DEFAULT NULL,
+    history_keep interval DEFAULT '14 days',
+    warn_after interval DEFAULT NULL,
+    critical_after interval DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL OR $8 IS NULL THEN
+        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes, single_instance and history_keep must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM alkblobs.check_max_object($5);
+    IF $1 !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
+        RAISE EXCEPTION 'invalid pool name %: use 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit', quote_literal($1)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM alkblobs.check_settings($2, $3);
+    PERFORM alkblobs.check_schedule($7, $8, $9, $10);
+    IF $4 NOT IN ('pg-lo', 'local', 'none') THEN
+        RAISE EXCEPTION 'large_tier must be ''pg-lo'', ''local'' or ''none'', got %', quote_literal($4)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF $6 AND nullif($7, interval '0') IS NOT NULL THEN
+        RAISE EXCEPTION 'a single-instance pool cannot have sweep_every: the store instance that owns it sweeps it'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode,
+                                sweep_every, history_keep, warn_after, critical_after, seen_incarnation, seen_start)
+    VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
+            nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'),
+            (SELECT i.id FROM alkblobs.incarnation i), pg_catalog.pg_postmaster_start_time());
+    INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
+    INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
+    PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));
+EXCEPTION WHEN unique_violation THEN
+    RAISE EXCEPTION 'alkblobs pool "%" already exists', $1
+        USING ERRCODE = 'duplicate_object',
+              HINT = 'Change its settings with alkblobs_alter_pool.';
+END $$;
+
+-- NULL settings are unchanged; sweep_every, warn_after and critical_after
+-- set to interval '0' go back to their defaults (manual; derived).
+CREATE FUNCTION @extschema@.alkblobs_alter_pool(
+    pool text,
+    delete_window interval DEFAULT NULL,
+    pin_ttl interval DEFAULT NULL,
+    max_object_bytes bigint DEFAULT NULL,
+    sweep_every interval DEFAULT NULL,
+    history_keep interval DEFAULT NULL,
+    warn_after interval DEFAULT NULL,
+    critical_after interval DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'admin');
+BEGIN
+    PERFORM alkblobs.check_settings($2, $3);
+    PERFORM alkblobs.check_schedule($5, $6, $7, $8);
+    IF $4 IS NOT NULL THEN
+        PERFORM alkblobs.check_max_object($4);
+    END IF;
+    IF pl.mode = 'single' AND $5 > interval '0' THEN
+        RAISE EXCEPTION 'alkblobs pool "%" is a single-instance pool and cannot have sweep_every: the store instance that owns it sweeps it', pl.name
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE alkblobs.pools p
+       SET delete_window = coalesce($2, p.delete_window),
+           pin_ttl = coalesce($3, p.pin_ttl),
+           max_object_bytes = coalesce($4, p.max_object_bytes),
+           sweep_every = CASE WHEN $5 IS NULL THEN p.sweep_every ELSE nullif($5, interval '0') END,
+           history_keep = coalesce($6, p.history_keep),
+           warn_after = CASE WHEN $7 IS NULL THEN p.warn_after ELSE nullif($7, interval '0') END,
+           critical_after = CASE WHEN $8 IS NULL THEN p.critical_after ELSE nullif($8, interval '0') END
+     WHERE p.id = pl.id
+    RETURNING * INTO pl;
+    IF $5 IS NOT NULL THEN
+        PERFORM alkblobs.notice_if_unscheduled(pl.name, pl.sweep_every);
+    END IF;
+END $$;
+
+-- Grants `role` one access ('read', 'write', 'sweep' or 'admin') on a pool.
+CREATE FUNCTION @extschema@.alkblobs_grant_pool(pool text, role regrole, access text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'admin');
+BEGIN
+    PERFORM alkblobs.not_null($2, 'role');
+    PERFORM alkblobs.not_null($3, 'access');
+    IF $3 NOT IN ('read', 'write', 'sweep', 'admin') THEN
+        RAISE EXCEPTION 'access must be ''read'', ''write'', ''sweep'' or ''admin'', got %', quote_literal($3)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO alkblobs.pool_grants (pool, grantee, access) VALUES (pl.id, $2, $3) ON CONFLICT DO NOTHING;
+END $$;
+
+CREATE FUNCTION @extschema@.alkblobs_revoke_pool(pool text, role regrole, access text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'admin');
+BEGIN
+    PERFORM alkblobs.not_null($2, 'role');
+    PERFORM alkblobs.not_null($3, 'access');
+    DELETE FROM alkblobs.pool_grants g WHERE g.pool = pl.id AND g.grantee = $2 AND g.access = $3;
+    RETURN FOUND;
+END $$;

@@ -1,0 +1,163 @@
+-- alkblobs SQL API, 60-large-objects.sql: Large objects (the pg-lo tier): uploads, reads.
+-- (sql/api/*.sql load in file-name order after bootstrap.sql and the Rust
+-- functions; docs/design.md, "Layout". The rules of the whole API are in 10-helpers.sql's header.)
+
+-- Large objects (the pg-lo tier) ---------------------------------------------
+--
+-- One upload is one client transaction, in bounded chunks:
+--   BEGIN;
+--   SELECT alkblobs_lo_create(pool);                  -- -> oid
+--   SELECT alkblobs_lo_write(oid, offset, chunk);     -- repeatedly, e.g. 1 MiB each
+--   SELECT alkblobs_lo_commit(pool, key, oid, owner); -- verify, companion row + pin
+--   COMMIT;
+-- The upload belongs to that transaction and the caller's role: nobody
+-- else can write into it, and once the transaction is over it can only be
+-- committed as an entry (lo_commit, in it) or reaped by the sweep. A client
+-- that dies mid-upload rolls the object back with its transaction.
+
+CREATE FUNCTION @extschema@.alkblobs_lo_create(pool text)
+RETURNS oid
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+    o oid := pg_catalog.lo_create(0);
+BEGIN
+    INSERT INTO alkblobs.uploads (loid, pool, xact, role) VALUES (o, pl.id, pg_catalog.pg_current_xact_id(), session_user);
+    RETURN o;
+END $$;
+
+-- Whether the transaction of an upload row is still running, i.e. the
+-- upload is not abandoned. A row restored from another cluster's dump
+-- carries that cluster's transaction id: pg_xact_status raises 22023 for
+-- one this cluster has not reached yet, and answers NULL for one older
+-- than its commit log; both are abandoned (the upload's transaction ended
+-- in the cluster it ran in). (One that is an unrelated transaction here
+-- and still running only delays the upload's reaping until it ends.)
+CREATE FUNCTION alkblobs.upload_running(x xid8) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN coalesce(pg_catalog.pg_xact_status(x) OPERATOR(pg_catalog.=) 'in progress', false);
+EXCEPTION WHEN invalid_parameter_value THEN
+    RETURN false;  -- "transaction ID … is in the future": another cluster's
+END $$;
+
+-- The upload `o` if it belongs to this transaction and the caller's role.
+CREATE FUNCTION alkblobs.my_upload(o oid) RETURNS alkblobs.uploads
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    u alkblobs.uploads;
+BEGIN
+    SELECT * INTO u FROM alkblobs.uploads up
+     WHERE up.loid = o AND up.xact = pg_catalog.pg_current_xact_id() AND up.role = session_user;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'large object % is not an upload of this transaction', o
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Start one with alkblobs_lo_create(pool) in the same transaction.';
+    END IF;
+    RETURN u;
+END $$;
+
+CREATE FUNCTION @extschema@.alkblobs_lo_write(loid oid, "offset" bigint, chunk bytea)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    u alkblobs.uploads;
+    lim bigint;
+BEGIN
+    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL THEN
+        RAISE EXCEPTION 'loid, offset and chunk must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    u := alkblobs.my_upload($1);
+    IF $2 < 0 THEN
+        RAISE EXCEPTION 'offset must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT p.max_object_bytes INTO lim FROM alkblobs.pools p WHERE p.id = u.pool;
+    IF $2 + length($3) > lim THEN
+        RAISE EXCEPTION 'an upload to this pool may be at most % bytes; this write ends at byte %', lim, $2 + length($3)
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    PERFORM pg_catalog.lo_put($1, $2, $3);
+END $$;
+
+CREATE FUNCTION @extschema@.alkblobs_lo_commit(pool text, key bytea, loid oid, owner text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+    u alkblobs.uploads;
+    h record;
+    created boolean := false;
+BEGIN
+    PERFORM alkblobs.check_key($2);
+    PERFORM alkblobs.not_null($3, 'loid');
+    IF $4 IS NOT NULL OR pl.mode <> 'single' THEN
+        PERFORM alkblobs.check_owner($4);
+        PERFORM alkblobs.require_mode(pl, 'fleet', 'a put with an owner (a pin row)');
+    END IF;
+    u := alkblobs.my_upload($3);
+    IF u.pool <> pl.id THEN
+        RAISE EXCEPTION 'large object % is an upload to another pool', $3 USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    DELETE FROM alkblobs.uploads up WHERE up.loid = $3;
+    SELECT * INTO h FROM alkblobs.lo_blake3($3);
+    IF h.hash <> $2 THEN
+        PERFORM pg_catalog.lo_unlink($3);
+        RAISE EXCEPTION 'hash mismatch: the large object hashes to %, not to the key %', encode(h.hash, 'hex'), encode($2, 'hex')
+            USING ERRCODE = 'AB001', HINT = 'Nothing was stored.';
+    END IF;
+    FOR attempt IN 1..5 LOOP
+        IF alkblobs.lock_entry(pl.id, $2) THEN
+            EXIT;
+        END IF;
+        INSERT INTO alkblobs.entries (pool, key, size, tier, loid)
+        VALUES (pl.id, $2, h.size, 'lo', $3)
+        ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING;
+        IF FOUND THEN
+            created := true;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF NOT created THEN
+        IF NOT alkblobs.lock_entry(pl.id, $2) THEN
+            RAISE EXCEPTION 'could not store key % in pool "%": it kept being deleted concurrently', encode($2, 'hex'), pl.name
+                USING ERRCODE = 'serialization_failure', HINT = 'Retry the put.';
+        END IF;
+        -- A dedup hit: the existing entry stays, the new object goes.
+        PERFORM pg_catalog.lo_unlink($3);
+    END IF;
+    DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
+    IF $4 IS NOT NULL THEN
+        PERFORM alkblobs.pin_row(pl, $2, $4);
+    END IF;
+    RETURN created;
+END $$;
+
+-- A window of a large-object entry (lo_get(oid, offset, len)); NULL if the
+-- key is absent. Offsets past the end give an empty result.
+CREATE FUNCTION @extschema@.alkblobs_lo_read(pool text, key bytea, "offset" bigint, len integer)
+RETURNS bytea
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'read');
+    o oid;
+BEGIN
+    PERFORM alkblobs.check_key($2);
+    PERFORM alkblobs.not_null($3, 'offset');
+    PERFORM alkblobs.not_null($4, 'len');
+    IF $3 < 0 OR $4 < 0 THEN
+        RAISE EXCEPTION 'offset and len must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF $4 > 64 * 1024 * 1024 THEN
+        RAISE EXCEPTION 'len % is over the 64 MiB window limit; read in windows', $4 USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT e.loid INTO o FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo';
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    RETURN pg_catalog.lo_get(o, $3, $4);
+END $$;

@@ -1,0 +1,137 @@
+-- alkblobs SQL API, 92-health.sql: Health: alkblobs_health's rows.
+-- (sql/api/*.sql load in file-name order after bootstrap.sql and the Rust
+-- functions; docs/design.md, "Layout". The rules of the whole API are in 10-helpers.sql's header.)
+
+-- Health ---------------------------------------------------------------------
+
+-- The size of large object `o` (NULL if it is gone).
+CREATE FUNCTION alkblobs.lo_size(o oid) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    fd integer;
+    n bigint;
+BEGIN
+    fd := pg_catalog.lo_open(o, 262144);  -- INV_READ
+    n := pg_catalog.lo_lseek64(fd, 0, 2); -- SEEK_END
+    PERFORM pg_catalog.lo_close(fd);
+    RETURN n;
+EXCEPTION WHEN OTHERS THEN
+    RETURN NULL;  -- gone, or not readable: the count still stands
+END $$;
+
+-- One row per pool the caller may read: the alkblobs_health view.
+-- Thresholds (docs/operations.md, "Health"): a pool is 'critical' when its
+-- last completed sweep (or its creation, if it was never swept) is older
+-- than critical_after, or a registered liveness table fails validation
+-- (every sweep aborts); 'warn' when that age passes warn_after, the last
+-- sweep attempt failed or aborted (a skip for a busy sweeper lock is not a
+-- failure), or something a sweep should have removed is older than
+-- warn_after: staged rows due that long ago, pins expired that long ago,
+-- uploads abandoned that long ago. Defaults: a scheduled pool warns after
+-- max(3 × sweep_every, 5 min) and is critical after
+-- max(10 × sweep_every, 30 min); a manual pool after 1 and 7 days.
+-- Single-instance pools are swept by their owner instance, outside the
+-- history: their age is not judged. Counts stop at 100,000 (abandoned
+-- uploads at 10,000). A pool with no completed sweep is aged from when it
+-- was created, or from the upgrade to 0.6.0 for older pools.
+CREATE FUNCTION alkblobs.health_rows()
+RETURNS TABLE (pool text, status text, reasons text[], mode text, sweep_every interval, scheduler text,
+               last_sweep timestamptz, last_sweep_age interval, last_attempt timestamptz, last_outcome text,
+               overdue_staged bigint, expired_pins bigint, abandoned_uploads bigint, abandoned_upload_bytes bigint,
+               invalid_sources bigint, warn_after interval, critical_after interval)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    pl alkblobs.pools;
+    sched text := alkblobs.scheduler_state();
+    now_ts timestamptz := clock_timestamp();
+    last_row alkblobs.sweeps;
+    l record;
+    prob text;
+    why text[];
+    age interval;
+    old_uploads bigint;
+    since timestamptz;
+BEGIN
+    FOR pl IN SELECT * FROM alkblobs.pools x WHERE alkblobs.may(x, 'read') ORDER BY x.name LOOP
+        pool := pl.name;
+        mode := pl.mode;
+        sweep_every := pl.sweep_every;
+        scheduler := CASE WHEN pl.mode = 'single' THEN 'owner instance' WHEN pl.sweep_every IS NULL THEN 'manual' ELSE sched END;
+        warn_after := coalesce(pl.warn_after,
+                               CASE WHEN pl.sweep_every IS NULL THEN interval '1 day'
+                                    ELSE greatest(3 * pl.sweep_every, interval '5 minutes') END);
+        critical_after := coalesce(pl.critical_after,
+                                   CASE WHEN pl.sweep_every IS NULL THEN interval '7 days'
+                                        ELSE greatest(10 * pl.sweep_every, interval '30 minutes') END);
+        SELECT s.last_completed, s.tracked_since INTO last_sweep, since FROM alkblobs.sweep_state s WHERE s.pool = pl.id;
+        SELECT * INTO last_row FROM alkblobs.sweeps s
+         WHERE s.pool = pl.id AND NOT s.dry_run ORDER BY s.started DESC, s.id DESC LIMIT 1;
+        last_attempt := last_row.started;
+        last_outcome := CASE WHEN last_row.id IS NULL THEN NULL
+                             WHEN last_row.error IS NOT NULL THEN 'error: ' || last_row.error
+                             WHEN last_row.aborted IS NOT NULL THEN 'aborted: ' || last_row.aborted
+                             ELSE 'ok' END;
+        age := now_ts - coalesce(last_sweep, since, pl.created_at);
+        last_sweep_age := CASE WHEN last_sweep IS NULL THEN NULL ELSE now_ts - last_sweep END;
+        SELECT count(*) INTO overdue_staged FROM (
+            SELECT 1 FROM alkblobs.marks mk JOIN alkblobs.staged s ON s.mark = mk.id
+             WHERE mk.pool = pl.id AND mk.mark_end IS NOT NULL
+               AND mk.mark_end + mk.delete_window + warn_after <= now_ts
+             LIMIT 100000) x;
+        SELECT count(*) INTO expired_pins FROM (
+            SELECT 1 FROM alkblobs.pins pn WHERE pn.pool = pl.id AND pn.expires_at + warn_after <= now_ts
+             LIMIT 100000) x;
+        SELECT count(*), coalesce(sum(alkblobs.lo_size(u.loid)), 0), count(*) FILTER (WHERE u.started_at + warn_after <= now_ts)
+          INTO abandoned_uploads, abandoned_upload_bytes, old_uploads
+          FROM (SELECT u0.loid, u0.started_at FROM alkblobs.uploads u0
+                 WHERE u0.pool = pl.id AND NOT alkblobs.upload_running(u0.xact)
+                 LIMIT 10000) u;
+        invalid_sources := 0;
+        why := '{}';
+        FOR l IN SELECT lv.relid FROM alkblobs.liveness lv WHERE lv.pool = pl.id ORDER BY lv.relid LOOP
+            BEGIN
+                prob := alkblobs.source_problem_top(l.relid);
+            EXCEPTION WHEN OTHERS THEN
+                prob := 'cannot be checked: ' || SQLERRM;
+            END;
+            IF prob IS NOT NULL THEN
+                invalid_sources := invalid_sources + 1;
+                why := why || format('liveness table %s %s', l.relid::regclass, prob);
+            END IF;
+        END LOOP;
+        status := CASE WHEN invalid_sources > 0 THEN 'critical' ELSE 'ok' END;
+        IF pl.mode = 'fleet' THEN
+            IF age > critical_after THEN
+                status := 'critical';
+                why := why || format('no completed sweep for %s (critical after %s)', date_trunc('second', age), critical_after);
+            ELSIF age > warn_after THEN
+                why := why || format('no completed sweep for %s (warn after %s)', date_trunc('second', age), warn_after);
+            END IF;
+            IF last_row.error IS NOT NULL OR last_row.aborted NOT IN ('sweeper_lock') THEN
+                why := why || format('the last sweep (%s) %s', last_row.started, last_outcome);
+            END IF;
+            IF pl.sweep_every IS NOT NULL AND sched <> 'on' THEN
+                why := why || format('sweep_every is %s but scheduling is %s in this database%s', pl.sweep_every, sched,
+                                     coalesce(': ' || CASE WHEN sched = 'off' THEN alkblobs.scheduler_off_reason() END, ''));
+            END IF;
+        END IF;
+        IF overdue_staged > 0 THEN
+            why := why || format('%s staged rows due for longer than %s', overdue_staged, warn_after);
+        END IF;
+        IF expired_pins > 0 THEN
+            why := why || format('%s pins expired for longer than %s', expired_pins, warn_after);
+        END IF;
+        IF old_uploads > 0 THEN
+            why := why || format('%s uploads abandoned for longer than %s', old_uploads, warn_after);
+        END IF;
+        IF status = 'ok' AND cardinality(why) > 0 THEN
+            status := 'warn';
+        END IF;
+        reasons := why;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
