@@ -2,7 +2,8 @@
 # Builds and installs the alkblobs extension into the system PostgreSQL 15.
 # Idempotent: installs what is missing (Debian packages, cargo-pgrx 0.18.1),
 # runs `cargo pgrx init` once, then `cargo pgrx install --release`, and
-# copies the frozen install scripts of released versions (sql/released/).
+# copies the frozen scripts of released versions (sql/released/) and the
+# current version's generated upgrade script (scripts/gen-upgrade.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pg_config=/usr/lib/postgresql/15/bin/pg_config
@@ -28,7 +29,9 @@ if ! grep -qs "pg15 = \"$pg_config\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; t
 fi
 
 (cd pg_ext && cargo pgrx install --pg-config "$pg_config" --release)
-# Install scripts of released versions (cargo pgrx only writes the current
-# one), so that CREATE EXTENSION alkblobs VERSION '<old>' and the upgrade
-# path from it keep working.
-install -m 644 sql/released/alkblobs--*.sql "$("$pg_config" --sharedir)/extension/"
+# The released scripts (cargo pgrx only writes the current install script),
+# so that CREATE EXTENSION alkblobs VERSION '<old>' and the upgrade path from
+# it keep working, and the current version's upgrade script, generated from
+# sql/ (scripts/gen-upgrade.py; never committed until released).
+upgrade=$(python3 scripts/gen-upgrade.py)
+install -m 644 sql/released/alkblobs--*.sql "$upgrade" "$("$pg_config" --sharedir)/extension/"

@@ -117,8 +117,7 @@ def clusters(action):
 
 
 def install_extension():
-    if sh(["bash", "-c", "cd pg_ext && "
-           "cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config"], quiet=True) != 0:
+    if sh(["scripts/install-extension.sh"], quiet=True) != 0:
         raise SystemExit("cannot install the extension")
     # A fresh extension in the two test databases (restarting the clusters
     # also loads a rebuilt library into the preloading one).

@@ -66,6 +66,12 @@ pkglibdir=$("$pg_config" --pkglibdir)
 # The frozen install scripts of released versions (cargo pgrx writes only
 # the current one), as scripts/install-extension.sh copies them.
 install -m 644 "$src"/sql/released/alkblobs--*.sql "$stage$sharedir/extension/"
+# And the current version's upgrade script, generated from sql/ (a tree
+# from before the scripts were generated has them in sql/, which cargo pgrx
+# package copied already).
+if [ -f "$src/scripts/gen-upgrade.py" ] && [ -d "$src/sql/api" ]; then
+    install -m 644 "$(cd "$src" && python3 scripts/gen-upgrade.py)" "$stage$sharedir/extension/"
+fi
 test -f "$stage$pkglibdir/alkblobs.so"
 test -f "$stage$sharedir/extension/alkblobs--$version.sql"
 
