@@ -71,6 +71,46 @@ impl Drop for Cleanup {
     }
 }
 
+/// Drops database `db` (if there) and creates it afresh, through `c`.
+async fn recreate_db(c: &Client, db: &str) {
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+}
+
+/// A fresh login role `owner` in alkblobs_admin on `c`'s cluster and a
+/// fresh database `db` there with the extension (at `version`, or the
+/// default) and `owner` allowed to create tables in it; returns a
+/// superuser connection to `db`.
+async fn owned_database(
+    c: &Client,
+    base: &str,
+    db: &str,
+    owner: &str,
+    version: Option<&str>,
+) -> Client {
+    c.batch_execute(&format!(
+        "CREATE EXTENSION IF NOT EXISTS alkblobs;
+         DROP ROLE IF EXISTS {owner}; CREATE ROLE {owner} LOGIN IN ROLE alkblobs_admin"
+    ))
+    .await
+    .unwrap();
+    recreate_db(c, db).await;
+    let s = conn(&with_db(base, db, "postgres")).await;
+    let version = version
+        .map(|v| format!(" VERSION '{v}'"))
+        .unwrap_or_default();
+    s.batch_execute(&format!(
+        "CREATE EXTENSION alkblobs{version}; GRANT CREATE ON SCHEMA public TO {owner}"
+    ))
+    .await
+    .unwrap();
+    s
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_once() {
     let id = std::process::id();
@@ -94,12 +134,7 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         ),
     ]);
     for (c, db) in [(&src, &src_db), (&dst, &dst_db)] {
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-            .await
-            .unwrap();
-        c.batch_execute(&format!("CREATE DATABASE {db}"))
-            .await
-            .unwrap();
+        recreate_db(c, db).await;
     }
     src.batch_execute(&format!(
         "CREATE EXTENSION IF NOT EXISTS alkblobs;
@@ -534,27 +569,7 @@ async fn previous_release_dumps_in_both_formats_restore_into_this_one() {
         url(),
         format!("DROP DATABASE IF EXISTS {src_db} WITH (FORCE)"),
     )];
-    admin
-        .batch_execute(&format!(
-            "CREATE EXTENSION IF NOT EXISTS alkblobs;
-             DROP ROLE IF EXISTS {owner}; CREATE ROLE {owner} LOGIN IN ROLE alkblobs_admin"
-        ))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {src_db} WITH (FORCE)"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {src_db}"))
-        .await
-        .unwrap();
-    let s = conn(&with_db(&url(), &src_db, "postgres")).await;
-    s.batch_execute(&format!(
-        "CREATE EXTENSION alkblobs VERSION '0.7.0'; GRANT CREATE ON SCHEMA public TO {owner}"
-    ))
-    .await
-    .unwrap();
+    let _s = owned_database(&admin, &url(), &src_db, &owner, Some("0.7.0")).await;
     let big = fill(&url(), &src_db, &owner).await;
     let dir = tempfile::tempdir().unwrap();
     let (custom, plain) = (dir.path().join("p.dump"), dir.path().join("p.sql"));
@@ -571,14 +586,7 @@ async fn previous_release_dumps_in_both_formats_restore_into_this_one() {
     for format in ["custom", "plain"] {
         let db = format!("prev_{format}_{id}");
         cleanup.push((url(), format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")));
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-            .await
-            .unwrap();
-        admin
-            .batch_execute(&format!("CREATE DATABASE {db}"))
-            .await
-            .unwrap();
+        recreate_db(&admin, &db).await;
         if format == "custom" {
             run(Command::new(format!("{BIN}/pg_restore"))
                 .args(["--exit-on-error", "-d"])
@@ -616,27 +624,7 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
     let owner = format!("bb_owner_{id}");
     let other = other_url();
     let admin = conn(&other).await;
-    admin
-        .batch_execute(&format!(
-            "CREATE EXTENSION IF NOT EXISTS alkblobs;
-             DROP ROLE IF EXISTS {owner}; CREATE ROLE {owner} LOGIN IN ROLE alkblobs_admin"
-        ))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    let s = conn(&with_db(&other, &db, "postgres")).await;
-    s.batch_execute(&format!(
-        "CREATE EXTENSION alkblobs; GRANT CREATE ON SCHEMA public TO {owner}"
-    ))
-    .await
-    .unwrap();
+    let s = owned_database(&admin, &other, &db, &owner, None).await;
     let big = fill(&other, &db, &owner).await;
 
     // The backup, as the postgres user (the cluster's files are its).
