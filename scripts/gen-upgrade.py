@@ -6,6 +6,12 @@
                                        delta sql/upgrade/FROM--TO.sql)
     scripts/gen-upgrade.py --release   the same into sql/released/, where it
                                        is committed and never edited again
+    scripts/gen-upgrade.py --inline    first rewrites the inlined copies of a
+                                       rule from its one source (see below)
+
+Every run first checks the inlined copies of the access rules (each between
+/* @may(<need>) */ and /* @end */ in sql/api/*.sql) against their one
+source, the `-- @source` lines of sql/api/10-helpers.sql.
 
 The script is the hand-written schema delta sql/upgrade/FROM--TO.sql
 followed by every function, procedure, view and event trigger of
@@ -52,11 +58,49 @@ def api_files() -> list:
     return files
 
 
+def inline_copies(fix: bool) -> None:
+    """Checks (or with fix, rewrites) every copy of an inlined rule against its
+    one source in sql/api/10-helpers.sql (`-- @source NAME: TEXT`): each copy
+    stands between /* @NAME */ and /* @end */. Exits on a difference."""
+    norm = lambda t: " ".join(t.split())
+    sources = {}
+    for f in api_files():
+        for m in re.finditer(r"^-- @source ([\w()]+): (.*)$", (root / "sql" / "api" / f).read_text(), re.M):
+            sources[m.group(1)] = m.group(2).strip()
+    if not sources:
+        raise SystemExit("no -- @source lines in sql/api/*.sql")
+    bad, seen = [], set()
+    for f in api_files():
+        path = root / "sql" / "api" / f
+        text = path.read_text()
+
+        def check(m):
+            name, body = m.group(1), m.group(2)
+            if name not in sources:
+                raise SystemExit(f"{f}: /* @{name} */ has no -- @source {name}")
+            seen.add(name)
+            if norm(body) != norm(sources[name]):
+                bad.append(f"{f}: the copy of {name} differs from its source")
+                if fix:
+                    return f"/* @{name} */ {sources[name]} /* @end */"
+            return m.group(0)
+
+        new = re.sub(r"/\* @([\w()]+) \*/(.*?)/\* @end \*/", check, text, flags=re.S)
+        if fix and new != text:
+            path.write_text(new)
+    unused = set(sources) - seen
+    if unused:
+        raise SystemExit(f"sources nobody copies: {sorted(unused)}")
+    if bad and not fix:
+        raise SystemExit("\n".join(bad) + "\n(scripts/gen-upgrade.py --inline rewrites them from the source)")
+
+
 def api_text() -> str:
     return "".join((root / "sql" / "api" / f).read_text() for f in api_files())
 
 
 def main() -> int:
+    inline_copies(fix="--inline" in sys.argv)
     cargo = (root / "pg_ext" / "Cargo.toml").read_text()
     new = re.search(r'^version = "([0-9.]+)"', cargo, re.M).group(1)
     deltas = sorted((root / "sql" / "upgrade").glob(f"*--{new}.sql"))

@@ -164,6 +164,18 @@ BEGIN
     RETURN (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);
 END $$;
 
+-- The rules below, inline, for the hot paths (put, put_many, get, stat),
+-- where a call to alkblobs.may per statement costs a plan: a pool row `p`
+-- qualifies, and anything else falls back to alkblobs.pool(name, need),
+-- which applies alkblobs.may and raises. This is their one source: every
+-- copy stands between /* @may(<need>) */ and /* @end */, and
+-- scripts/gen-upgrade.py (run by every install) fails if a copy is not this
+-- text (white space aside); `scripts/gen-upgrade.py --inline` rewrites the
+-- copies from it. (Superusers take the fallback; pg_hotpaths'
+-- inline_access_checks_follow_the_pool_grants checks that both agree.)
+-- @source may(write): (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE') OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')))
+-- @source may(read): (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE') OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')))
+
 -- Does the caller have `need` ('read', 'write', 'sweep' or 'admin') on pool
 -- p? Superusers and members of the pool's owner role have everything;
 -- 'admin' implies every access, 'write' and 'sweep' imply 'read'.

@@ -49,12 +49,12 @@ DECLARE
     me name;
     actual bytea;
 BEGIN
-    -- alkblobs.may's rules for 'write', inline.
+    -- alkblobs.may's rules for 'write', inline (one source: 10-helpers.sql).
     SELECT * INTO pl FROM alkblobs.pools p WHERE p.name = $1
-       AND (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
+       AND /* @may(write) */ (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
             OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
                         WHERE g.pool = p.id AND g.access IN ('write', 'admin')
-                          AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')));
+                          AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE'))) /* @end */;
     IF NOT FOUND THEN
         pl := alkblobs.pool($1, 'write');  -- raises the unknown-pool or no-access error
     END IF;
@@ -360,12 +360,12 @@ DECLARE
     hint text;
     retries integer := 0;
 BEGIN
-    -- alkblobs.may's rules for 'write', inline (as in alkblobs_put).
+    -- alkblobs.may's rules for 'write', inline (one source: 10-helpers.sql).
     SELECT * INTO pl FROM alkblobs.pools p WHERE p.name = $1
-       AND (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
+       AND /* @may(write) */ (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
             OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
                         WHERE g.pool = p.id AND g.access IN ('write', 'admin')
-                          AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')));
+                          AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE'))) /* @end */;
     IF NOT FOUND THEN
         pl := alkblobs.pool($1, 'write');  -- raises the unknown-pool or no-access error
     END IF;

@@ -14,9 +14,9 @@ DECLARE
 BEGIN
     -- The hot path: access and value in one statement (alkblobs.may's
     -- rules for 'read', inline); anything else takes the checks that raise.
-    SELECT pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
+    SELECT /* @may(read) */ (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
            OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
-                       WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')),
+                       WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE'))) /* @end */,
            (SELECT e.value FROM alkblobs.entries e WHERE e.pool = p.id AND e.key = $2 AND e.tier = 'kv')
       INTO ok, v
       FROM alkblobs.pools p WHERE p.name = $1;
@@ -36,11 +36,11 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pid integer;
 BEGIN
-    -- alkblobs.may's rules for 'read', inline (as in alkblobs_get).
+    -- alkblobs.may's rules for 'read', inline (one source: 10-helpers.sql).
     SELECT p.id INTO pid FROM alkblobs.pools p WHERE p.name = $1
-       AND (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
+       AND /* @may(read) */ (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE')
             OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
-                        WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')));
+                        WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE'))) /* @end */;
     IF NOT FOUND THEN
         pid := (alkblobs.pool($1, 'read')).id;
     END IF;
