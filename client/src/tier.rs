@@ -2,7 +2,8 @@
 //! an entry lives in (kv at or under the threshold, large above it), the
 //! key streams every engine lists, and their sorted union (how a store
 //! lists both tiers, and an arbiter marks them). Depends on nothing of the
-//! crate but keys and errors.
+//! crate but keys and errors. (Reads fall through kv then large, so a blob
+//! written under an older threshold is still found: `store/read.rs`.)
 
 use futures::StreamExt;
 use futures::stream::BoxStream;

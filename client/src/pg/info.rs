@@ -11,6 +11,7 @@ use crate::{Error, Result};
 /// Who collects a pool (`alkblobs_pools.mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum PoolMode {
     /// Many store instances share it; pins are rows, the extension sweeps.
     Fleet,
@@ -32,6 +33,7 @@ impl PoolMode {
 /// (`alkblobs_pools.large_tier`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum PoolLargeTier {
     /// Large objects in the same database (`pg-lo`).
     PgLo,

@@ -400,9 +400,14 @@ impl Arbiter for FleetArbiter {
         }
         let started = Instant::now();
         // This instance's dropped guards first: their rows would go within
-        // a moment anyway (the release task), and a sweep by the instance
-        // that dropped them should not keep what it no longer holds.
-        s.release_queued().await;
+        // a moment anyway, and a sweep by the instance that dropped them
+        // should not keep what it no longer holds. The release task does
+        // the work (so a sweep cancelled here leaves nothing half-done);
+        // the sweep waits for it a bounded while, and not at all for a dry
+        // run (which changes nothing).
+        if !opts.dry_run {
+            s.flush_releases(Duration::from_secs(2)).await;
+        }
         // The lease: see `Lease`.
         let result = if let Some(lease) = Lease::take(&self.shared).await? {
             // (Test support: a hook at Mark runs with the lease held.)

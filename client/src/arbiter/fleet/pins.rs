@@ -72,6 +72,26 @@ impl Shared {
         Ok(out)
     }
 
+    /// Wakes the release task and waits, at most `limit`, until no key is
+    /// queued or being released. Changes nothing itself: cancelling the
+    /// wait is harmless.
+    pub(super) async fn flush_releases(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            {
+                let s = self.pins();
+                if s.queued.is_empty() && s.releasing.is_empty() {
+                    return;
+                }
+            }
+            self.wake_releaser.notify_one();
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// One release round: deletes the rows of every queued key.
     pub(super) async fn release_queued(&self) {
         let (keys, _senders): (Vec<Key>, Vec<watch::Sender<()>>) = {
@@ -121,10 +141,18 @@ impl Shared {
         }
         // A failed release is retried unless the key was pinned again (its
         // row must stay; renewal keeps it).
+        let mut requeued = false;
         for k in failed {
             if !s.counts.contains_key(&k) {
                 s.queued.insert(k);
+                requeued = true;
             }
+        }
+        drop(s);
+        if requeued {
+            // (The release task retries what its own round re-queued; a
+            // wake makes sure of it whoever ran this round.)
+            self.wake_releaser.notify_one();
         }
     }
 

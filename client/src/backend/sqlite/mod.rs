@@ -568,7 +568,8 @@ impl SqliteBackend {
     /// Runs `schema` (a companion's own tables, idempotent) on the writer
     /// and installs `hook` for every put from now on, active if `active`
     /// answers true. On a read-only open it does nothing (no put runs).
-    /// Installing a hook twice replaces it.
+    /// Installing the same hook again re-reads its flag; a different one is
+    /// refused ([`Error::Config`]): one companion per database.
     pub fn install_put_hook(
         &self,
         schema: &str,
@@ -578,13 +579,27 @@ impl SqliteBackend {
         if self.inner.writer.is_none() {
             return Ok(());
         }
+        let mut taken = None;
         self.inner
             .write_locked("install a companion's tables", |w| {
+                if let Some(h) = w.hook.filter(|h| *h != hook) {
+                    // One companion per database: a second would replace the
+                    // first's statement, and either's flag would switch both.
+                    taken = Some(h);
+                    return Ok(());
+                }
                 w.conn.execute_batch(schema)?;
                 w.hook_active = active(&w.conn)?;
                 w.hook = Some(hook);
                 Ok(())
-            })
+            })?;
+        match taken {
+            None => Ok(()),
+            Some(h) => Err(Error::Config(format!(
+                "{}: a companion's put hook ({:?}) is installed already; one companion per database",
+                self.inner.display, h.on_put
+            ))),
+        }
     }
 
     /// A companion's write on the writer connection (see [`Companion`]),

@@ -57,6 +57,18 @@ async fn the_engine_creates_only_its_own_tables_and_runs_a_companions_hook() {
         .await
         .unwrap();
     assert_eq!(count(&db).await.unwrap(), 2, "active: run in each put");
+    // A second companion's hook is refused: it would replace the first's
+    // statement and share its flag.
+    let e = db
+        .install_put_hook(
+            "",
+            PutHook {
+                on_put: "DELETE FROM seen WHERE key = ?1",
+            },
+            |_| Ok(true),
+        )
+        .expect_err("a second, different hook");
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
 }
 
 /// Values on both sides of the inline limit (over it, `get` reads again
