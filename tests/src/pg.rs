@@ -247,3 +247,21 @@ pub async fn scheduler_pid_now(c: &Client, datname: &str) -> Option<i32> {
     .expect("pg_stat_activity")
     .map(|r| r.get(0))
 }
+
+/// A connection to `url` and the notices and warnings it receives
+/// (`"SEVERITY: message"` each), for tests of what the extension says.
+pub async fn connect_collecting(url: &str) -> (Client, std::sync::mpsc::Receiver<String>) {
+    let (client, mut conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    tokio::spawn(async move {
+        let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = futures::StreamExt::next(&mut stream).await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = m {
+                let _ = tx.send(format!("{}: {}", n.severity(), n.message()));
+            }
+        }
+    });
+    (client, rx)
+}

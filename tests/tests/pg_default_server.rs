@@ -21,21 +21,9 @@ fn db_url(name: &str) -> String {
     format!("{}/{name}", u.rsplit_once('/').unwrap().0)
 }
 
-/// A connection to `name` and the notices and warnings it receives.
+/// A connection to database `name` and the notices it receives.
 async fn connect_collecting(name: &str) -> (Client, std::sync::mpsc::Receiver<String>) {
-    let (client, mut conn) = tokio_postgres::connect(&db_url(name), tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", db_url(name)));
-    let (tx, rx) = std::sync::mpsc::channel();
-    tokio::spawn(async move {
-        let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
-        while let Some(Ok(m)) = futures::StreamExt::next(&mut stream).await {
-            if let tokio_postgres::AsyncMessage::Notice(n) = m {
-                let _ = tx.send(format!("{}: {}", n.severity(), n.message()));
-            }
-        }
-    });
-    (client, rx)
+    alkblobs_tests::pg::connect_collecting(&db_url(name)).await
 }
 
 fn drain(rx: &std::sync::mpsc::Receiver<String>) -> Vec<String> {

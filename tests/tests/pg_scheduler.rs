@@ -609,19 +609,7 @@ async fn unserved_database(c: &Client) -> Client {
         .unwrap();
     let u = url();
     let base = u.rsplit_once('/').unwrap().0;
-    let (client, mut conn) =
-        tokio_postgres::connect(&format!("{base}/{name}"), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    tokio::spawn(async move {
-        let mut stream = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
-        while let Some(Ok(m)) = futures::StreamExt::next(&mut stream).await {
-            if let tokio_postgres::AsyncMessage::Notice(n) = m {
-                let _ = tx.send(n.message().to_owned());
-            }
-        }
-    });
+    let (client, rx) = alkblobs_tests::pg::connect_collecting(&format!("{base}/{name}")).await;
     NOTICES.lock().unwrap().replace(rx);
     client
         .batch_execute("CREATE EXTENSION alkblobs")
