@@ -15,7 +15,9 @@
 # and a private socket directory, with trust auth on loopback only.
 # ALKBLOBS_PG_PRELOAD=0 makes a cluster configured as a server nobody
 # reconfigured: no shared_preload_libraries, no alkblobs.* settings (the
-# test command runs one beside the preloading cluster, on port 54330).
+# test command runs one beside the preloading cluster, on port 54330);
+# ALKBLOBS_PG_PRELOAD=cron one that preloads pg_cron and not alkblobs, as
+# a managed service does (the SQL-only flavour's, on port 54331).
 set -euo pipefail
 preload=${ALKBLOBS_PG_PRELOAD:-1}
 port=${ALKBLOBS_PG_PORT:-54329}
@@ -67,7 +69,15 @@ max_connections = 100
 max_locks_per_transaction = 64
 log_min_messages = warning
 CONF
-        if [ "$preload" != 0 ]; then
+        if [ "$preload" = cron ]; then
+            cat >> "$data/postgresql.conf" <<CONF
+# A managed-service-like server (the SQL-only flavour's tests): pg_cron
+# preloaded, the alkblobs library not.
+shared_preload_libraries = 'pg_cron'
+cron.database_name = '$db'
+cron.host = '$sock'
+CONF
+        elif [ "$preload" != 0 ]; then
             cat >> "$data/postgresql.conf" <<CONF
 # The extension's sweep scheduler (issue 12): a background worker for the
 # test database, looking for due pools every 250 ms, and one for a

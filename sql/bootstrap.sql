@@ -167,6 +167,12 @@ CREATE TABLE alkblobs.liveness (
     -- a local-tier pool) records the keys its rows name as published files,
     -- which is what 0.3.0 took them to be.
     pending       text CONSTRAINT pending_known CHECK (pending IN ('recheck', 'seed')),
+    -- The state of the table's guard triggers (alkblobs.guard_state) when
+    -- its rows were last known to be guarded (0.8.0): any ALTER TABLE that
+    -- disabled, dropped, re-created or added one (ATTACH PARTITION) leaves
+    -- another state, and the next use checks every row as for 'recheck'.
+    -- The SQL-only flavour, which cannot have event triggers, relies on it.
+    guard_seen    text,
     PRIMARY KEY (pool, relid)
 );
 CREATE INDEX liveness_by_relid ON alkblobs.liveness (relid);
@@ -284,7 +290,10 @@ CREATE TABLE alkblobs.sweep_state (
 -- worker writes it: a claim never waits.
 CREATE TABLE alkblobs.schedule (
     pool           integer PRIMARY KEY,
-    last_scheduled timestamptz NOT NULL
+    last_scheduled timestamptz NOT NULL,
+    -- What started that run (0.8.0): the background worker, or a pg_cron
+    -- job (alkblobs_schedule_cron).
+    runner         text NOT NULL DEFAULT 'worker' CONSTRAINT runner_known CHECK (runner IN ('worker', 'pg_cron'))
 );
 -- Each pool's sweeper lock (0.7.0), a row only the extension can lock
 -- (SELECT … FOR UPDATE needs UPDATE on the table, which only

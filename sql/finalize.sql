@@ -97,16 +97,24 @@ END $$;
 -- table): a role that owned them could redefine them (ALTER … SET, CREATE
 -- OR REPLACE) and so run code as that caller. Nothing of the extension
 -- (found through its membership, so one added later cannot be forgotten)
--- is executable or readable by PUBLIC, except alkblobs_key.
+-- is executable or readable by PUBLIC, except alkblobs_key, alkblobs_flavour
+-- and (SQL-only) alkblobs_sql_only_version.
 CREATE FUNCTION alkblobs.apply_policy() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     o record;
-    ext_owner name := (SELECT r.rolname FROM pg_catalog.pg_extension x JOIN pg_catalog.pg_roles r ON r.oid = x.extowner
-                        WHERE x.extname = 'alkblobs');
+    sql_only boolean := @extschema@.alkblobs_flavour() = 'sql-only';
+    -- The library flavour: the extension's owner, a superuser. The SQL-only
+    -- flavour: the role that ran the install script (it owns the schema
+    -- alkblobs_registration, which the script creates).
+    ext_owner name := CASE WHEN sql_only
+                           THEN (SELECT r.rolname FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_roles r ON r.oid = n.nspowner
+                                  WHERE n.nspname = 'alkblobs_registration')
+                           ELSE (SELECT r.rolname FROM pg_catalog.pg_extension x JOIN pg_catalog.pg_roles r ON r.oid = x.extowner
+                                  WHERE x.extname = 'alkblobs') END;
 BEGIN
-    IF NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = ext_owner) THEN
+    IF NOT sql_only AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = ext_owner) THEN
         RAISE EXCEPTION 'the alkblobs extension must be installed (and upgraded) by a superuser, not %', ext_owner
             USING ERRCODE = 'insufficient_privilege';
     END IF;
@@ -116,12 +124,36 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'alkblobs_liveness_ddl') THEN
         EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_ddl DISABLE';
     END IF;
-    EXECUTE 'ALTER SCHEMA alkblobs OWNER TO alkblobs_owner';
+    IF sql_only THEN
+        -- A schema's new owner needs CREATE on the database, which the
+        -- installer may not give: the installer keeps it, and alkblobs_owner
+        -- creates in it (the views of registered tables).
+        EXECUTE 'GRANT USAGE, CREATE ON SCHEMA alkblobs TO alkblobs_owner';
+        -- A function's new owner needs CREATE on its schema (until the
+        -- end of this function: ownership stays when the grant goes).
+        EXECUTE 'GRANT CREATE ON SCHEMA @extschema@, alkblobs_registration TO alkblobs_owner';
+    ELSE
+        EXECUTE 'ALTER SCHEMA alkblobs OWNER TO alkblobs_owner';
+    END IF;
+    -- The members: the extension's (found through pg_depend, so one added
+    -- later cannot be forgotten); without an extension, everything in the
+    -- two internal schemas and the API's alkblobs_* routines and views.
     FOR o IN
         SELECT d.classid, d.objid FROM pg_catalog.pg_depend d
           JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
-         WHERE d.deptype = 'e' AND d.refclassid = 'pg_catalog.pg_extension'::regclass
-         ORDER BY d.classid, d.objid
+         WHERE NOT sql_only AND d.deptype = 'e' AND d.refclassid = 'pg_catalog.pg_extension'::regclass
+        UNION ALL
+        SELECT 'pg_catalog.pg_proc'::regclass, f.oid FROM pg_catalog.pg_proc f
+         WHERE sql_only AND (f.pronamespace IN ('alkblobs'::regnamespace, 'alkblobs_registration'::regnamespace)
+                             OR (f.pronamespace = '@extschema@'::regnamespace AND f.proname LIKE 'alkblobs\_%'))
+        UNION ALL
+        SELECT 'pg_catalog.pg_class'::regclass, c.oid FROM pg_catalog.pg_class c
+         WHERE sql_only AND ((c.relnamespace = 'alkblobs'::regnamespace AND c.relname NOT LIKE 'src\_%')
+                             OR (c.relnamespace = '@extschema@'::regnamespace AND c.relname LIKE 'alkblobs\_%' AND c.relkind = 'v'))
+        UNION ALL
+        SELECT 'pg_catalog.pg_type'::regclass, y.oid FROM pg_catalog.pg_type y
+         WHERE sql_only AND y.typnamespace = 'alkblobs'::regnamespace
+         ORDER BY 1, 2
     LOOP
         IF o.classid = 'pg_catalog.pg_proc'::regclass THEN
             EXECUTE format('ALTER %s %s OWNER TO %I',
@@ -132,7 +164,7 @@ BEGIN
             IF (SELECT NOT prosecdef AND pronamespace = 'alkblobs'::regnamespace FROM pg_catalog.pg_proc WHERE oid = o.objid) THEN
                 EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO alkblobs_owner', o.objid::regprocedure);
             END IF;
-            IF (SELECT proname FROM pg_catalog.pg_proc WHERE oid = o.objid) <> 'alkblobs_key' THEN
+            IF (SELECT proname FROM pg_catalog.pg_proc WHERE oid = o.objid) NOT IN ('alkblobs_key', 'alkblobs_flavour', 'alkblobs_sql_only_version') THEN
                 EXECUTE format('REVOKE ALL ON %s %s FROM PUBLIC',
                                CASE WHEN (SELECT prokind FROM pg_catalog.pg_proc WHERE oid = o.objid) = 'p' THEN 'PROCEDURE' ELSE 'FUNCTION' END,
                                o.objid::regprocedure);
@@ -156,6 +188,13 @@ BEGIN
                 AND m.lomowner <> 'alkblobs_owner'::regrole LOOP
         EXECUTE format('ALTER LARGE OBJECT %s OWNER TO alkblobs_owner', o.oid);
     END LOOP;
+    IF sql_only THEN
+        EXECUTE 'REVOKE CREATE ON SCHEMA @extschema@, alkblobs_registration FROM alkblobs_owner';
+        -- The views read the tables with their owner's privileges, and
+        -- their owner is the installer here, not a superuser.
+        EXECUTE format('GRANT USAGE ON SCHEMA alkblobs TO %I', ext_owner);
+        EXECUTE format('GRANT SELECT ON ALL TABLES IN SCHEMA alkblobs TO %I', ext_owner);
+    END IF;
     -- ALWAYS: a role allowed to set session_replication_role must not
     -- slip DDL past them.
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'alkblobs_liveness_ddl') THEN
@@ -165,7 +204,7 @@ BEGIN
         EXECUTE 'ALTER EVENT TRIGGER alkblobs_liveness_drop ENABLE ALWAYS';
     END IF;
 END $$;
-SELECT alkblobs.apply_policy();
+DO $$ BEGIN PERFORM alkblobs.apply_policy(); END $$;
 
 -- ...then each role gets exactly what it needs.
 GRANT SELECT ON @extschema@.alkblobs_pools, @extschema@.alkblobs_pins, @extschema@.alkblobs_staged,
@@ -211,14 +250,20 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_single_stage(text, bytea[], bigint),
     @extschema@.alkblobs_single_seal(text, text, bigint)
   TO alkblobs_sweeper;
-GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer) TO alkblobs_sweeper;
+GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer), @extschema@.alkblobs_cron_sweep(text) TO alkblobs_sweeper;
+GRANT EXECUTE ON FUNCTION
+    @extschema@.alkblobs_cron_claim(text),
+    @extschema@.alkblobs_cron_step(text, boolean)
+  TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean, interval, interval, interval, interval),
     @extschema@.alkblobs_alter_pool(text, interval, interval, bigint, interval, interval, interval, interval),
     @extschema@.alkblobs_register_liveness(text, regclass, boolean),
     @extschema@.alkblobs_unregister_liveness(text, regclass),
     @extschema@.alkblobs_grant_pool(text, regrole, text),
-    @extschema@.alkblobs_revoke_pool(text, regrole, text)
+    @extschema@.alkblobs_revoke_pool(text, regrole, text),
+    @extschema@.alkblobs_schedule_cron(text, interval),
+    @extschema@.alkblobs_unschedule_cron(text)
   TO alkblobs_admin;
 -- Registration runs as the caller (it creates the guard trigger on the
 -- caller's table), so admins reach exactly these five internals, in a
@@ -241,8 +286,8 @@ GRANT EXECUTE ON FUNCTION
 -- while it runs an extension's script: a NOTICE would never be seen.
 DO $$
 BEGIN
-    IF NOT alkblobs.scheduler_preloaded() THEN
+    IF @extschema@.alkblobs_flavour() = 'library' AND NOT alkblobs.scheduler_preloaded() THEN
         RAISE WARNING 'alkblobs: scheduled sweeps are off on this server (the alkblobs library is not in shared_preload_libraries); everything else works'
-            USING HINT = 'Sweep from a node or with CALL alkblobs_sweep_all(pool) (pg_cron can schedule it), or add alkblobs to shared_preload_libraries and this database to alkblobs.scheduler_databases and restart (docs/operations.md, "Scheduled sweeps").';
+            USING HINT = 'Sweep from a node or with CALL alkblobs_sweep_all(pool) (SELECT alkblobs_schedule_cron(pool) schedules it with pg_cron), or add alkblobs to shared_preload_libraries and this database to alkblobs.scheduler_databases and restart (docs/operations.md, "Scheduled sweeps").';
     END IF;
 END $$;

@@ -47,6 +47,19 @@
 
 -- Internal helpers ----------------------------------------------------------
 
+-- Which install this database has: 'library' (CREATE EXTENSION, the Rust
+-- library and its background worker) or 'sql-only' (the script of
+-- scripts/package.sh sql-only, for servers that cannot load a library:
+-- keys are trusted, not verified; pg_cron schedules; docs/operations.md,
+-- "The SQL-only flavour"). Public, like alkblobs_key: clients ask it at
+-- connect (the extension's catalog row exists only for the first).
+CREATE FUNCTION @extschema@.alkblobs_flavour() RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_extension x WHERE x.extname = 'alkblobs')
+                THEN 'library' ELSE 'sql-only' END
+$$;
+
 -- Takes pool p's sweeper lock (see alkblobs.pool_locks) until the
 -- transaction ends: waiting for it (bounded by lock_timeout: 55P03), or
 -- with `try` not waiting for its holder — false when someone holds it. A
@@ -518,13 +531,36 @@ BEGIN
         busy := true;
         problem := 'is locked by DDL in progress (waited 5 s)';
         RETURN;
+    WHEN insufficient_privilege THEN
+        -- (SQL-only flavour: the LOCK TABLE privilege was revoked.)
+        problem := 'cannot be locked by alkblobs_owner (register it again): ' || SQLERRM;
+        RETURN;
     END;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = rel) THEN
+        -- Dropped: it protects nothing any more. (The library flavour's
+        -- event trigger has removed its registrations already; the
+        -- SQL-only flavour has none, and removes them here.)
+        DELETE FROM alkblobs.liveness l WHERE l.relid = rel;
         gone := true;
         RETURN;
     END IF;
     problem := coalesce(alkblobs.source_problem_top(rel), alkblobs.ensure_view(rel));
 END $$;
+
+-- The state of the guard triggers of registered table `rel` and of every
+-- partition under it: each trigger row's table, version (xmin, ctid) and
+-- enabled flag. Any ALTER TABLE that disabled, dropped, re-created or
+-- added one (ATTACH PARTITION clones it) leaves another text, even when it
+-- was put back as it was (DISABLE then ENABLE writes the row twice): rows
+-- may have come in unguarded meanwhile. Compared with liveness.guard_seen.
+CREATE FUNCTION alkblobs.guard_state(rel oid) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(string_agg(format('%s:%s:%s:%s', t.tgrelid, t.xmin, t.ctid, t.tgenabled), ',' ORDER BY t.tgrelid), '')
+      FROM pg_catalog.pg_trigger t
+     WHERE t.tgname = 'alkblobs_liveness_guard'
+       AND t.tgrelid IN (SELECT rel UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(rel) pt)
+$$;
 
 -- Locks and validates every liveness table of pool p (lock_source), and
 -- checks the rows of any whose rows may have bypassed its guard (pending).
@@ -539,13 +575,16 @@ DECLARE
     pl alkblobs.pools;
 BEGIN
     busy := false;
-    FOR r IN SELECT l.relid, l.pending FROM alkblobs.liveness l WHERE l.pool = p ORDER BY l.relid LOOP
+    FOR r IN SELECT l.relid, l.pending, l.forward_refs, l.guard_seen FROM alkblobs.liveness l WHERE l.pool = p ORDER BY l.relid LOOP
         SELECT * INTO ls FROM alkblobs.lock_source(r.relid);
         CONTINUE WHEN ls.gone;
         IF ls.problem IS NOT NULL THEN
             problem := format('%s %s', r.relid::pg_catalog.regclass, ls.problem);
             busy := ls.busy;
             RETURN;
+        END IF;
+        IF r.pending IS NULL AND NOT r.forward_refs AND r.guard_seen IS DISTINCT FROM alkblobs.guard_state(r.relid) THEN
+            r.pending := 'recheck';
         END IF;
         IF r.pending IS NOT NULL THEN
             SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
@@ -559,7 +598,8 @@ BEGIN
                     RETURN;
                 END;
             END IF;
-            UPDATE alkblobs.liveness l SET pending = NULL WHERE l.pool = p AND l.relid = r.relid;
+            UPDATE alkblobs.liveness l SET pending = NULL, guard_seen = alkblobs.guard_state(r.relid)
+             WHERE l.pool = p AND l.relid = r.relid;
         END IF;
     END LOOP;
 END $$;

@@ -106,7 +106,9 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     dbs text := current_setting('alkblobs.scheduler_databases', true);
 BEGIN
-    IF NOT alkblobs.scheduler_preloaded() THEN
+    IF @extschema@.alkblobs_flavour() = 'sql-only' THEN
+        RETURN 'the SQL-only install has no background worker; SELECT alkblobs_schedule_cron(pool) schedules a pool with pg_cron';
+    ELSIF NOT alkblobs.scheduler_preloaded() THEN
         RETURN 'the alkblobs library is not in shared_preload_libraries';
     ELSIF NOT EXISTS (SELECT 1 FROM pg_catalog.regexp_split_to_table(coalesce(dbs, ''), ',') d
                        WHERE pg_catalog.btrim(d) OPERATOR(pg_catalog.=) current_database()) THEN
@@ -129,7 +131,8 @@ BEGIN
                      pool_name, every, st, current_database(),
                      coalesce(' (' || CASE WHEN st = 'off' THEN alkblobs.scheduler_off_reason() END || ')', '')
             USING HINT = CASE WHEN st = 'paused' THEN 'alkblobs.scheduler_enabled is off; turn it on and reload (SELECT pg_reload_conf()).'
-                         ELSE 'Add alkblobs to shared_preload_libraries and this database to alkblobs.scheduler_databases, then restart the server; or schedule CALL alkblobs_sweep_all(pool) with pg_cron (docs/operations.md, "Scheduled sweeps").' END;
+                         WHEN @extschema@.alkblobs_flavour() = 'sql-only' THEN 'Schedule it with pg_cron: SELECT alkblobs_schedule_cron(pool) (docs/operations.md, "Scheduled sweeps").'
+                         ELSE 'Add alkblobs to shared_preload_libraries and this database to alkblobs.scheduler_databases, then restart the server; or schedule it with pg_cron: SELECT alkblobs_schedule_cron(pool) (docs/operations.md, "Scheduled sweeps").' END;
     END IF;
 END $$;
 

@@ -115,9 +115,9 @@ BEGIN
     ELSIF ls.problem IS NOT NULL THEN
         RAISE EXCEPTION 'table % cannot be a liveness source: it %', $2, ls.problem USING ERRCODE = 'wrong_object_type';
     END IF;
-    INSERT INTO alkblobs.liveness (pool, relid, forward_refs, registered_by)
-    VALUES (pl.id, $2, $3, session_user)
-    ON CONFLICT ON CONSTRAINT liveness_pkey DO UPDATE SET forward_refs = EXCLUDED.forward_refs;
+    INSERT INTO alkblobs.liveness (pool, relid, forward_refs, registered_by, guard_seen)
+    VALUES (pl.id, $2, $3, session_user, alkblobs.guard_state($2))
+    ON CONFLICT ON CONSTRAINT liveness_pkey DO UPDATE SET forward_refs = EXCLUDED.forward_refs, guard_seen = EXCLUDED.guard_seen;
     -- Rows already in the table were written without this pool's guard.
     -- (No sweep of the pool runs until we commit: we hold its lock; the
     -- table's definition is held by ours. Outside READ COMMITTED the scan
@@ -278,6 +278,11 @@ BEGIN
     -- alkblobs_owner reads it (through its view, alkblobs.src_<oid>; its
     -- partitions through it).
     EXECUTE format('GRANT SELECT ON %s TO alkblobs_owner', $2);
+    -- The SQL-only flavour locks it with LOCK TABLE, which needs UPDATE
+    -- (alkblobs_owner never writes it; docs/operations.md).
+    IF @extschema@.alkblobs_flavour() = 'sql-only' THEN
+        EXECUTE format('GRANT UPDATE ON %s TO alkblobs_owner', $2);
+    END IF;
     PERFORM alkblobs_registration.add_source($1, $2, $3);
     IF NOT EXISTS (
         SELECT 1 FROM pg_catalog.pg_index i
@@ -302,7 +307,7 @@ BEGIN
     SELECT * INTO r FROM alkblobs_registration.remove_source($1, $2);
     IF NOT r.elsewhere THEN
         EXECUTE format('DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON %s', $2);
-        EXECUTE format('REVOKE SELECT ON %s FROM alkblobs_owner', $2);
+        EXECUTE format('REVOKE SELECT, UPDATE ON %s FROM alkblobs_owner', $2);
     END IF;
     RETURN r.found_it;
 END $$;

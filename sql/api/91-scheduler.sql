@@ -100,3 +100,165 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+
+-- Scheduling with pg_cron (servers without the background worker: the
+-- SQL-only flavour, a library that is not preloaded) ---------------------
+--
+-- alkblobs_schedule_cron(pool) makes one pg_cron job per pool, owned by
+-- its caller, that runs CALL alkblobs_cron_sweep(pool) every minute.
+-- Each run claims the
+-- pool only when its schedule is due, by the same rule and in the same
+-- alkblobs.schedule row as the background worker (so the two never both
+-- run one period), then makes the worker's bounded calls
+-- (alkblobs.scheduled_sweep: the same history, errors recorded, the same
+-- health).
+
+-- Claims a scheduled run of `pool` for a pg_cron job: true, and the run
+-- recorded as started, when sweep_every has passed since the last
+-- scheduled run of either runner (one statement: two jobs never both
+-- claim one period); false when it is not due, has no schedule or is not a
+-- fleet pool.
+CREATE FUNCTION @extschema@.alkblobs_cron_claim(pool text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+BEGIN
+    IF pl.sweep_every IS NULL OR pl.mode <> 'fleet' THEN
+        RETURN false;
+    END IF;
+    INSERT INTO alkblobs.schedule AS s (pool, last_scheduled, runner) VALUES (pl.id, clock_timestamp(), 'pg_cron')
+    ON CONFLICT (pool) DO UPDATE SET last_scheduled = excluded.last_scheduled, runner = 'pg_cron'
+     WHERE s.last_scheduled + pl.sweep_every <= clock_timestamp();
+    RETURN FOUND;
+END $$;
+
+-- One call of a claimed run (alkblobs.scheduled_sweep): the next call's
+-- `marking`, or NULL when the run is over.
+CREATE FUNCTION @extschema@.alkblobs_cron_step(pool text, marking boolean) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+BEGIN
+    RETURN alkblobs.scheduled_sweep(pl.id, $2);
+END $$;
+
+-- What a pg_cron job runs: a scheduled run of `pool` if it is due, one
+-- bounded call per transaction. (No SET clause, so that it can COMMIT; it
+-- runs as its caller under the caller's search_path, so every name is
+-- qualified, like alkblobs_sweep_all.)
+CREATE PROCEDURE @extschema@.alkblobs_cron_sweep(pool text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    marking boolean := true;
+BEGIN
+    IF $1 IS NULL THEN
+        RAISE EXCEPTION 'pool must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT @extschema@.alkblobs_cron_claim($1) THEN
+        RETURN;
+    END IF;
+    COMMIT;
+    LOOP
+        marking := @extschema@.alkblobs_cron_step($1, marking);
+        COMMIT;
+        EXIT WHEN marking IS NULL;
+    END LOOP;
+END $$;
+
+-- Schedules the sweeps of `pool` with pg_cron (job 'alkblobs sweeps of
+-- <pool>'), in this database, as the
+-- caller (a login role with sweep access, and USAGE on schema cron);
+-- `every` first sets the pool's sweep_every (admin access), which the pool
+-- must have. Returns the job's id (cron.job). Calling it again replaces
+-- the job. The caller must stay able to log in and sweep the pool:
+-- pg_cron runs the job as it.
+CREATE FUNCTION @extschema@.alkblobs_schedule_cron(pool text, every interval DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql
+-- (Not the alter's notice that nothing schedules the pool: this does.)
+SET client_min_messages = warning
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    period interval;
+    cadence text;
+    cmd text;
+    db text;
+    job bigint;
+BEGIN
+    IF $1 IS NULL THEN
+        RAISE EXCEPTION 'pool must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.to_regnamespace('cron') IS NULL OR pg_catalog.to_regproc('cron.schedule_in_database') IS NULL THEN
+        RAISE EXCEPTION 'pg_cron is not installed in this database'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Add pg_cron to shared_preload_libraries (cron.database_name = this database) and CREATE EXTENSION pg_cron, or ask your provider to enable it.';
+    END IF;
+    IF $2 IS NOT NULL THEN
+        PERFORM @extschema@.alkblobs_alter_pool($1, sweep_every => $2);
+    END IF;
+    SELECT p.sweep_every INTO period FROM @extschema@.alkblobs_pools p WHERE p.pool = $1 AND p.mode = 'fleet';
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no fleet pool "%" that you may read', $1 USING ERRCODE = 'undefined_object';
+    ELSIF period IS NULL THEN
+        RAISE EXCEPTION 'pool "%" has no sweep_every', $1 USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Pass every => interval ''5 minutes'' (or set it with alkblobs_alter_pool).';
+    END IF;
+    -- Every minute (pg_cron 1.4, Debian 12's, has no finer schedule): a
+    -- sweep_every under a minute is served once a minute.
+    cadence := '* * * * *';
+    -- cron.schedule_in_database puts the job in this database; pg_cron 1.4
+    -- grants it to nobody but a superuser (managed services, to their admin
+    -- role). Without it, cron.schedule puts it in pg_cron's own database
+    -- (cron.database_name, which only a superuser may read): kept if that
+    -- is this one.
+    cmd := format('CALL %I.alkblobs_cron_sweep(%L)', '@extschema@', $1);
+    BEGIN
+        EXECUTE 'SELECT cron.schedule_in_database($1, $2, $3, $4)' INTO job
+          USING 'alkblobs sweeps of ' || $1, cadence, cmd, current_database();
+    EXCEPTION WHEN insufficient_privilege THEN
+        EXECUTE 'SELECT cron.schedule($1, $2, $3)' INTO job USING 'alkblobs sweeps of ' || $1, cadence, cmd;
+        EXECUTE 'SELECT j.database FROM cron.job j WHERE j.jobid = $1' INTO db USING job;
+        IF db IS DISTINCT FROM current_database() THEN
+            EXECUTE 'SELECT cron.unschedule($1)' USING job;
+            RAISE EXCEPTION 'pg_cron runs jobs in database "%", not "%", and you may not schedule jobs in another database', db, current_database()
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Ask a superuser to GRANT EXECUTE ON FUNCTION cron.schedule_in_database(text, text, text, text, text, boolean) to you, or install alkblobs in pg_cron''s database.';
+        END IF;
+    END;
+    RETURN job;
+END $$;
+
+-- Removes the caller's pg_cron job of `pool`; false if there was none.
+CREATE FUNCTION @extschema@.alkblobs_unschedule_cron(pool text) RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    job bigint;
+BEGIN
+    IF $1 IS NULL THEN
+        RAISE EXCEPTION 'pool must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pg_catalog.to_regnamespace('cron') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT j.jobid FROM cron.job j WHERE j.jobname = $1 AND j.username = current_user' INTO job
+      USING 'alkblobs sweeps of ' || $1;
+    IF job IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT cron.unschedule($1)' USING job;
+    RETURN true;
+END $$;
+
+-- Who runs pool pl's schedule: 'pg_cron' while its pg_cron job keeps
+-- starting runs (one started within max(2 × sweep_every, 2 minutes)),
+-- else the database's scheduler state `sched` ('on', 'paused', 'off').
+CREATE FUNCTION alkblobs.pool_scheduler(pl alkblobs.pools, sched text) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce((SELECT 'pg_cron' FROM alkblobs.schedule s
+                      WHERE s.pool = pl.id AND s.runner = 'pg_cron'
+                        AND s.last_scheduled > clock_timestamp() - greatest(2 * pl.sweep_every, interval '2 minutes')),
+                    sched)
+$$;

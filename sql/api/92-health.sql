@@ -59,7 +59,8 @@ BEGIN
         pool := pl.name;
         mode := pl.mode;
         sweep_every := pl.sweep_every;
-        scheduler := CASE WHEN pl.mode = 'single' THEN 'owner instance' WHEN pl.sweep_every IS NULL THEN 'manual' ELSE sched END;
+        scheduler := CASE WHEN pl.mode = 'single' THEN 'owner instance' WHEN pl.sweep_every IS NULL THEN 'manual'
+                          ELSE alkblobs.pool_scheduler(pl, sched) END;
         warn_after := coalesce(pl.warn_after,
                                CASE WHEN pl.sweep_every IS NULL THEN interval '1 day'
                                     ELSE greatest(3 * pl.sweep_every, interval '5 minutes') END);
@@ -113,9 +114,13 @@ BEGIN
             IF last_row.error IS NOT NULL OR last_row.aborted NOT IN ('sweeper_lock') THEN
                 why := why || format('the last sweep (%s) %s', last_row.started, last_outcome);
             END IF;
-            IF pl.sweep_every IS NOT NULL AND sched <> 'on' THEN
+            IF pl.sweep_every IS NOT NULL AND scheduler NOT IN ('on', 'pg_cron') THEN
                 why := why || format('sweep_every is %s but scheduling is %s in this database%s', pl.sweep_every, sched,
                                      coalesce(': ' || CASE WHEN sched = 'off' THEN alkblobs.scheduler_off_reason() END, ''));
+                IF EXISTS (SELECT 1 FROM alkblobs.schedule s WHERE s.pool = pl.id AND s.runner = 'pg_cron') THEN
+                    why := why || format('its pg_cron job last started a run at %s',
+                                         (SELECT s.last_scheduled FROM alkblobs.schedule s WHERE s.pool = pl.id));
+                END IF;
             END IF;
         END IF;
         IF overdue_staged > 0 THEN

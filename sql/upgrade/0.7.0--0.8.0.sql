@@ -27,6 +27,13 @@
 --   pin a fresh TTL and every mark a fresh window (alkblobs.adopt), so the
 --   first sweep deletes nothing that was protected when the server stopped
 --   or the dump was taken, however long that took.
+-- * a registered table whose guard triggers changed since its rows were
+--   last known guarded (disabled, dropped, re-created, a partition
+--   attached) has its rows checked at the next use, as after an ALTER
+--   TABLE (liveness.guard_seen; what the SQL-only flavour, which has no
+--   event triggers, relies on);
+-- * pg_cron schedules: alkblobs_schedule_cron / alkblobs_unschedule_cron,
+--   the procedure alkblobs_cron_sweep they schedule, and alkblobs_flavour.
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool
@@ -56,3 +63,9 @@ INSERT INTO alkblobs.incarnation DEFAULT VALUES;
 -- Left NULL: the first sweep after the upgrade adopts every pool (the
 -- package upgrade before it restarted the server, or will).
 ALTER TABLE alkblobs.pools ADD COLUMN seen_incarnation uuid, ADD COLUMN seen_start timestamptz;
+
+-- The guard state last known to hold (NULL: the next use checks the rows),
+-- and what started a scheduled run.
+ALTER TABLE alkblobs.liveness ADD COLUMN guard_seen text;
+ALTER TABLE alkblobs.schedule ADD COLUMN runner text NOT NULL DEFAULT 'worker'
+    CONSTRAINT runner_known CHECK (runner IN ('worker', 'pg_cron'));
