@@ -38,7 +38,10 @@ SELECT p.name AS pool,
        coalesce(e.lo_entries, 0) AS lo_entries, coalesce(e.lo_bytes, 0) AS lo_bytes,
        (SELECT count(*) FROM alkblobs.pins pn WHERE pn.pool = p.id AND pn.expires_at > clock_timestamp()) AS pins,
        (SELECT count(*) FROM alkblobs.staged s WHERE s.pool = p.id) AS staged,
-       (SELECT count(*) FROM alkblobs.liveness l WHERE l.pool = p.id) AS liveness_tables,
+       -- (A dropped table's registration lingers in the SQL-only flavour until
+       -- the pool's next sweep, stage or claim removes it: not counted.)
+       (SELECT count(*) FROM alkblobs.liveness l WHERE l.pool = p.id
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = l.relid)) AS liveness_tables,
        (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id) AS uploads,
        (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id
            AND NOT alkblobs.upload_running(u.xact)) AS uploads_abandoned,

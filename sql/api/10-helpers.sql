@@ -536,7 +536,16 @@ BEGIN
         problem := 'cannot be locked by alkblobs_owner (register it again): ' || SQLERRM;
         RETURN;
     END;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = rel) THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = rel)
+       -- The SQL-only flavour, which has no event trigger to see a drop,
+       -- also takes a table whose view went with it (DROP … CASCADE) and
+       -- which has no guard of ours for one that took the dropped table's
+       -- OID. (Guarded but without its view: the view is made again.)
+       OR (@extschema@.alkblobs_flavour() = 'sql-only'
+           AND pg_catalog.to_regclass(alkblobs.source_name(rel)) IS NULL
+           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                            WHERE t.tgrelid = rel AND t.tgname = 'alkblobs_liveness_guard'
+                              AND t.tgfoid = 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure)) THEN
         -- Dropped: it protects nothing any more. (The library flavour's
         -- event trigger has removed its registrations already; the
         -- SQL-only flavour has none, and removes them here.)

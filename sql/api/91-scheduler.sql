@@ -128,7 +128,7 @@ BEGIN
         RETURN false;
     END IF;
     INSERT INTO alkblobs.schedule AS s (pool, last_scheduled, runner) VALUES (pl.id, clock_timestamp(), 'pg_cron')
-    ON CONFLICT (pool) DO UPDATE SET last_scheduled = excluded.last_scheduled, runner = 'pg_cron'
+    ON CONFLICT ON CONSTRAINT schedule_pkey DO UPDATE SET last_scheduled = excluded.last_scheduled, runner = 'pg_cron'
      WHERE s.last_scheduled + pl.sweep_every <= clock_timestamp();
     RETURN FOUND;
 END $$;

@@ -92,7 +92,8 @@ BEGIN
                  LIMIT 10000) u;
         invalid_sources := 0;
         why := '{}';
-        FOR l IN SELECT lv.relid FROM alkblobs.liveness lv WHERE lv.pool = pl.id ORDER BY lv.relid LOOP
+        FOR l IN SELECT lv.relid FROM alkblobs.liveness lv WHERE lv.pool = pl.id
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = lv.relid) ORDER BY lv.relid LOOP
             BEGIN
                 prob := alkblobs.source_problem_top(l.relid);
             EXCEPTION WHEN OTHERS THEN

@@ -30,8 +30,27 @@ pub async fn connect() -> Client {
     client
 }
 
-/// Creates the extension if needed (tests run in one shared database).
+/// Whether the suites run against the SQL-only flavour
+/// (`ALKBLOBS_PG_FLAVOUR=sql-only`, set by `scripts/test.sh` for the
+/// cluster where the install script ran and the library is never loaded).
+pub fn sql_only() -> bool {
+    std::env::var("ALKBLOBS_PG_FLAVOUR").as_deref() == Ok("sql-only")
+}
+
+/// Creates the extension if needed (tests run in one shared database). In
+/// the SQL-only flavour's run, checks instead that the database has that
+/// install (scripts/test.sh ran it as a non-superuser) and never creates
+/// the extension.
 pub async fn ensure_extension(c: &Client) {
+    if sql_only() {
+        let flavour: String = c
+            .query_one("SELECT alkblobs_flavour()", &[])
+            .await
+            .expect("the SQL-only install (scripts/test.sh runs it before the suites)")
+            .get(0);
+        assert_eq!(flavour, "sql-only", "ALKBLOBS_PG_FLAVOUR=sql-only, but the database has the {flavour} flavour");
+        return;
+    }
     c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs")
         .await
         .expect("CREATE EXTENSION alkblobs");
@@ -85,6 +104,28 @@ pub async fn pool_with(
 /// The key of `bytes`.
 pub fn key(bytes: &[u8]) -> Vec<u8> {
     blake3::hash(bytes).as_bytes().to_vec()
+}
+
+/// `sql` with every `alkblobs_key('<text>')` replaced by the key as a
+/// bytea literal computed here, so that a statement runs on the SQL-only
+/// flavour too (whose server cannot compute BLAKE3; its `alkblobs_key`
+/// says so). The text may not contain a quote.
+pub fn sql_keys(sql: &str) -> String {
+    let mut out = String::new();
+    let mut rest = sql;
+    while let Some(at) = rest.find("alkblobs_key('") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "alkblobs_key('".len()..];
+        let end = after.find("')").expect("alkblobs_key('…') closed");
+        let hex: String = key(after[..end].as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        out.push_str(&format!("'\\x{hex}'::bytea"));
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The SQLSTATE of a failed statement.

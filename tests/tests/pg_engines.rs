@@ -195,8 +195,8 @@ async fn staged_rows_survive_a_restart_and_the_extension_keeps_out() {
     // Pin rows would protect nothing in a pool its instance sweeps: refused.
     let e = c
         .query_one(
-            "SELECT alkblobs_pin($1, alkblobs_key('x'), 'someone')",
-            &[&pool],
+            "SELECT alkblobs_pin($1, $2, 'someone')",
+            &[&pool, &alkblobs_tests::pg::key(b"x")],
         )
         .await
         .unwrap_err();

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use alkblobs_tests::pg::{
-    connect, connect_as, exists, garbage, grant_pool, key, login_role, pid, pool, put, sqlstate,
-    table_name, waits_on_lock,
+    connect, connect_as, exists, garbage, grant_pool, key, login_role, pid, pool, put, sql_keys,
+    sqlstate, table_name, waits_on_lock,
 };
 use tokio_postgres::Client;
 
@@ -1182,7 +1182,9 @@ async fn a_reference_to_absent_content_fails_with_ab002_unless_forward_reference
     // Multi-row inserts too.
     let e = c
         .execute(
-            &format!("INSERT INTO {table} VALUES ($1), (alkblobs_key('never put'))"),
+            &sql_keys(&format!(
+                "INSERT INTO {table} VALUES ($1), (alkblobs_key('never put'))"
+            )),
             &[&k],
         )
         .await
@@ -1908,21 +1910,23 @@ async fn the_pool_views_do_not_leak_other_pools_rows_through_a_callers_quals() {
 }
 
 /// Every SQL and PL/pgSQL routine of the extension pins its search_path,
-/// but for `alkblobs_sweep_all` (a procedure that commits cannot have a SET
-/// clause): that one qualifies every name and operator instead, which
+/// but for `alkblobs_sweep_all` and `alkblobs_cron_sweep` (a procedure that
+/// commits cannot have a SET clause): those qualify every name and operator instead, which
 /// `a_schema_before_pg_catalog_cannot_redirect_any_routine` checks by
 /// attack. A routine added without either fails here.
 #[tokio::test]
-async fn every_routine_but_sweep_all_pins_its_search_path() {
+async fn every_routine_but_the_committing_procedures_pins_its_search_path() {
     let c = connect().await;
     alkblobs_tests::pg::ensure_extension(&c).await;
+    // By schema and name, not extension membership: the SQL-only flavour
+    // has no extension.
     let rows = c
         .query(
             "SELECT p.oid::regprocedure::text FROM pg_proc p
-               JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
-               JOIN pg_extension x ON x.oid = d.refobjid AND x.extname = 'alkblobs'
                JOIN pg_language l ON l.oid = p.prolang
-              WHERE l.lanname IN ('plpgsql', 'sql')
+              WHERE (p.pronamespace IN ('alkblobs'::regnamespace, 'alkblobs_registration'::regnamespace)
+                     OR (p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'alkblobs\\_%'))
+                AND l.lanname IN ('plpgsql', 'sql')
                 AND NOT coalesce(EXISTS (SELECT 1 FROM unnest(p.proconfig) s WHERE s LIKE 'search_path=%'), false)
               ORDER BY 1",
             &[],
@@ -1932,7 +1936,10 @@ async fn every_routine_but_sweep_all_pins_its_search_path() {
     let unpinned: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(
         unpinned,
-        vec!["alkblobs_sweep_all(text,integer)".to_owned()],
+        vec![
+            "alkblobs_cron_sweep(text)".to_owned(),
+            "alkblobs_sweep_all(text,integer)".to_owned()
+        ],
         "routines without a pinned search_path"
     );
 }
@@ -2059,8 +2066,10 @@ async fn a_schema_before_pg_catalog_cannot_redirect_any_routine() {
         "SELECT * FROM alkblobs_staged".to_owned(),
         "SELECT * FROM alkblobs_sweeps".to_owned(),
         format!("SELECT alkblobs_create_pool('{pool}-2', sweep_every => '1 minute')"),
+        format!("CALL alkblobs_cron_sweep('{pool}-2')"),
     ];
     for sql in &calls {
+        let sql = &sql_keys(sql);
         c.batch_execute(sql)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {} {e}", sqlstate(&e)));

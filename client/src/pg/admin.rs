@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 
 use super::connection::PgPool;
-use super::info::{PoolInfo, PoolLargeTier, pool_info};
+use super::info::{Flavour, PoolInfo, PoolLargeTier, pool_info};
 use crate::Result;
 
 /// One pool's row of `alkblobs_health` ([`PgPool::health`]): is its
@@ -43,6 +43,8 @@ pub struct PoolHealth {
     pub abandoned_upload_bytes: i64,
     /// Registered liveness tables that fail validation.
     pub invalid_sources: i64,
+    /// Which install of alkblobs the pool's database has.
+    pub flavour: Flavour,
 }
 
 /// A duration as an interval literal PostgreSQL parses exactly.
@@ -108,6 +110,7 @@ impl PoolSettings {
 impl PgPool {
     /// Every pool the connecting role may read.
     pub async fn pools(&self) -> Result<Vec<PoolInfo>> {
+        let flavour = self.flavour().await?;
         let rows = self
             .rows(
                 self,
@@ -118,7 +121,7 @@ impl PgPool {
                 &[],
             )
             .await?;
-        rows.iter().map(pool_info).collect()
+        rows.iter().map(|r| pool_info(r, flavour)).collect()
     }
 
     /// Creates pool `name` (the connecting role needs `alkblobs_admin`).
@@ -180,6 +183,7 @@ impl PgPool {
     /// `alkblobs_health`: one row per pool this role may read (or just
     /// `pool`), in name order.
     pub async fn health(&self, pool: Option<&str>) -> Result<Vec<PoolHealth>> {
+        let flavour = self.flavour().await?;
         let rows = self
             .rows(
                 self,
@@ -207,6 +211,7 @@ impl PgPool {
                 abandoned_uploads: r.get(10),
                 abandoned_upload_bytes: r.get(11),
                 invalid_sources: r.get(12),
+                flavour,
             })
             .collect())
     }

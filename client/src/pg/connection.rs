@@ -11,7 +11,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::errors::{db_err, pool_err, rename};
-use super::info::{PoolInfo, pool_info};
+use super::info::{Flavour, PoolInfo, pool_info};
 use crate::{Error, Key, Result};
 
 /// The extension version this client speaks.
@@ -147,35 +147,55 @@ impl PgPool {
         })
     }
 
-    async fn check_extension(&self, c: &tokio_postgres::Client) -> Result<()> {
-        let version = c
-            .query_typed_opt(
-                "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'alkblobs'",
+    /// Which install the database has, after checking that this client
+    /// speaks its version: the extension's catalog row (the library
+    /// flavour), else the SQL-only install's `alkblobs_sql_only_version()`.
+    /// Which install of alkblobs the database has (checked against this
+    /// client's version, as at connect).
+    pub async fn flavour(&self) -> Result<Flavour> {
+        let c = self.conn().await?;
+        self.check_extension(&c).await
+    }
+
+    pub(crate) async fn check_extension(&self, c: &tokio_postgres::Client) -> Result<Flavour> {
+        let row = c
+            .query_typed_one(
+                "SELECT (SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'alkblobs'),
+                        pg_catalog.to_regprocedure('alkblobs_sql_only_version()') IS NOT NULL",
                 &[],
             )
             .await
             .map_err(|e| db_err(self, None, e))?;
-        match version {
-            None => {
+        let (version, flavour) = match (row.get::<_, Option<String>>(0), row.get::<_, bool>(1)) {
+            (Some(v), _) => (v, Flavour::Library),
+            (None, true) => {
+                let v = c
+                    .query_typed_one("SELECT alkblobs_sql_only_version()", &[])
+                    .await
+                    .map_err(|e| db_err(self, None, e))?;
+                (v.get::<_, String>(0), Flavour::SqlOnly)
+            }
+            (None, false) => {
                 return Err(Error::Config(format!(
-                    "{self}: the database has no alkblobs extension; as a superuser run CREATE EXTENSION alkblobs (after scripts/install-extension.sh on the server)"
+                    "{self}: the database has no alkblobs install; as a superuser run CREATE EXTENSION alkblobs (after installing the package or scripts/install-extension.sh on the server), or on a server that cannot load it run the SQL-only script (scripts/package.sh sql-only) with psql"
                 )));
             }
-            Some(row) => {
-                let v: String = row.get(0);
-                if v != EXTENSION_VERSION {
-                    return Err(Error::Config(format!(
-                        "{self}: the alkblobs extension is version {v}, this client speaks {EXTENSION_VERSION}; as a superuser run ALTER EXTENSION alkblobs UPDATE"
-                    )));
-                }
-            }
+        };
+        if version != EXTENSION_VERSION {
+            let how = match flavour {
+                Flavour::Library => "as a superuser run ALTER EXTENSION alkblobs UPDATE",
+                Flavour::SqlOnly => "install the SQL-only script of this version",
+            };
+            return Err(Error::Config(format!(
+                "{self}: alkblobs in this database ({flavour} flavour) is version {version}, this client speaks {EXTENSION_VERSION}; {how}"
+            )));
         }
-        Ok(())
+        Ok(flavour)
     }
 
     async fn check(&self) -> Result<PoolInfo> {
         let c = self.conn().await?;
-        self.check_extension(&c).await?;
+        let flavour = self.check_extension(&c).await?;
         let row = c
             .query_typed_opt(
                 "SELECT p.pool, p.mode, p.large_tier, extract(epoch FROM p.delete_window)::text,
@@ -196,7 +216,7 @@ impl PgPool {
                 at: self.to_string(),
             });
         };
-        pool_info(&row)
+        pool_info(&row, flavour)
     }
 }
 

@@ -64,6 +64,36 @@ impl PoolLargeTier {
     }
 }
 
+/// Which install of alkblobs a database has (`alkblobs_flavour()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Flavour {
+    /// `CREATE EXTENSION alkblobs`: the Rust library, which verifies every
+    /// key it is given and can run the background sweep scheduler.
+    Library,
+    /// The SQL-only install script (`scripts/package.sh sql-only`), for
+    /// servers that load no custom library: the server trusts writers'
+    /// keys (every read verifies them here) and pg_cron schedules sweeps.
+    SqlOnly,
+}
+
+impl Flavour {
+    /// Its name (`library`, `sql-only`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Flavour::Library => "library",
+            Flavour::SqlOnly => "sql-only",
+        }
+    }
+}
+
+impl std::fmt::Display for Flavour {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 impl std::fmt::Display for PoolMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(self.as_str())
@@ -93,9 +123,11 @@ pub struct PoolInfo {
     /// How often the extension's scheduler sweeps the pool (`None`: only
     /// when a node or an operator does).
     pub sweep_every: Option<Duration>,
+    /// Which install of alkblobs the database has.
+    pub flavour: Flavour,
 }
 
-pub(super) fn pool_info(row: &Row) -> Result<PoolInfo> {
+pub(super) fn pool_info(row: &Row, flavour: Flavour) -> Result<PoolInfo> {
     let mode: String = row.get(1);
     let tier: String = row.get(2);
     let unknown = |what: &str, v: &str| {
@@ -117,6 +149,7 @@ pub(super) fn pool_info(row: &Row) -> Result<PoolInfo> {
         sweep_every: row
             .get::<_, Option<String>>(5)
             .map(|s| interval_secs(s.as_str())),
+        flavour,
     })
 }
 

@@ -14,4 +14,4 @@ pub use admin::{PoolHealth, PoolSettings};
 pub use connection::{EXTENSION_VERSION, PgOptions, PgPool};
 pub(crate) use connection::{InTx, finish};
 pub(crate) use errors::{db_err, rename};
-pub use info::{PoolInfo, PoolLargeTier, PoolMode};
+pub use info::{Flavour, PoolInfo, PoolLargeTier, PoolMode};

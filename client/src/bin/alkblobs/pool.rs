@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use alkblobs::backend::postgres::{PgPool, PoolInfo, PoolLargeTier, PoolSettings};
+use alkblobs::backend::postgres::{
+    EXTENSION_VERSION, Flavour, PgPool, PoolInfo, PoolLargeTier, PoolSettings,
+};
 use alkblobs::store::postgres::PgLarge;
 use clap::Subcommand;
 
@@ -219,6 +221,17 @@ async fn status(ctx: &Ctx, db: &PgPool, name: Option<&str>) -> Res {
     if ctx.json {
         print_json(&rows)?;
     } else {
+        let flavour = match rows.first() {
+            Some(h) => h.flavour,
+            None => db.flavour().await?,
+        };
+        println!(
+            "{db}: alkblobs {EXTENSION_VERSION}, {flavour} flavour{}",
+            match flavour {
+                Flavour::SqlOnly => " (keys trusted, not verified by the server; sweeps scheduled by pg_cron)",
+                _ => "",
+            }
+        );
         let age = |s: Option<f64>| {
             s.map(|s| humantime::format_duration(Duration::from_secs(s as u64)).to_string())
                 .unwrap_or_else(|| "never".into())
