@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Packages of the extension, for operators who install from packages.
 #
+#   scripts/package.sh sql-only [--out DIR]
+#       Writes the SQL-only install script (scripts/gen-sql-only.py: for
+#       servers that cannot load the library, e.g. managed PostgreSQL) and
+#       prints its path. `psql -v ON_ERROR_STOP=1 -f <it> DB` as a role with
+#       CREATEROLE is the whole install (docs/operations.md).
+#
 #   scripts/package.sh deb [--rev GIT-REV] [--out DIR]
 #       Builds the Debian package postgresql-15-alkblobs from the pgrx
 #       build (cargo pgrx package --release) and prints the path of the
@@ -31,8 +37,20 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
+if [ "$kind" = sql-only ]; then
+    # The SQL-only install script, generated from sql/ (never kept by hand).
+    script=$(python3 scripts/gen-sql-only.py)
+    if [ "$out" != "$root/target/packages" ] || [ -n "$rev" ]; then
+        [ -z "$rev" ] || { echo "--rev is for deb packages" >&2; exit 2; }
+        mkdir -p "$out"
+        cp "$script" "$out/"
+        script="$out/$(basename "$script")"
+    fi
+    echo "$script"
+    exit 0
+fi
 if [ "$kind" != deb ]; then
-    echo "usage: $0 deb [--rev GIT-REV] [--out DIR]" >&2
+    echo "usage: $0 deb [--rev GIT-REV] [--out DIR] | $0 sql-only [--out DIR]" >&2
     exit 2
 fi
 mkdir -p "$out"

@@ -13,9 +13,13 @@
 #      (no shared_preload_libraries): a pg_dump of busy pools restored into
 #      it from the first, then CREATE EXTENSION and the engine and fleet
 #      suites there;
-#   6. the engine suites again through a transaction-mode pgbouncer
+#   6. a third cluster like a managed server (pg_cron preloaded, the
+#      library never loaded): the SQL-only install script run by a
+#      non-superuser, the SQL-only suite and the engine, fleet, race and
+#      hardening suites against it;
+#   7. the engine suites again through a transaction-mode pgbouncer
 #      (scripts/pgbouncer.sh), a server restart and an outage;
-#   7. the Debian package: the previous release's (built from git history)
+#   8. the Debian package: the previous release's (built from git history)
 #      installed with apt, upgraded in place to this version's, removed;
 #      and stops everything.
 # Also: cargo publish --dry-run of both crates (scripts/check-crates.sh),
@@ -30,11 +34,15 @@ step() { printf '\n==> %s (%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
 step "installing prerequisites and the extension"
 scripts/install-extension.sh
 
-step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it)"
-if ! dpkg -s prometheus-sql-exporter >/dev/null 2>&1; then
+step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler)"
+tools=()
+for pkg in prometheus-sql-exporter postgresql-15-cron; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || tools+=("$pkg")
+done
+if [ ${#tools[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q >/dev/null
-    apt-get install -y -q prometheus-sql-exporter >/dev/null
+    apt-get install -y -q "${tools[@]}" >/dev/null
 fi
 
 step "cargo fmt --check"
@@ -79,6 +87,27 @@ other=$(other_pg start)
 ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_URL_OTHER="$other" cargo test -p alkblobs-tests --features pg --test pg_restore
 ALKBLOBS_PG_URL="$other" ALKBLOBS_PG_CA=$(other_pg ca) cargo test -p alkblobs-tests --features pg --test pg_default_server --test pg_engines --test pg_fleet
 other_pg stop
+
+step "a third cluster, like a managed server: pg_cron preloaded, the library never loaded; the SQL-only install run by a non-superuser with CREATEROLE, then the engine, fleet, race and hardening suites against it"
+cron_pg() { ALKBLOBS_PG_PRELOAD=cron ALKBLOBS_PG_PORT=54331 scripts/pg-cluster.sh "$@"; }
+trap 'cron_pg stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+cron_pg stop >/dev/null 2>&1 || true
+managed=$(cron_pg start)
+sql_only=$(scripts/package.sh sql-only)
+# What a managed service gives its admin role: CREATEROLE, the database,
+# pg_cron's schema; and a superuser to make pg_cron (the provider's part).
+psql -X -q "$managed" -v ON_ERROR_STOP=1 <<'SQL'
+CREATE ROLE alkblobs_installer LOGIN CREATEROLE;
+ALTER DATABASE alkblobs_test OWNER TO alkblobs_installer;
+CREATE EXTENSION pg_cron;
+GRANT USAGE ON SCHEMA cron TO alkblobs_installer, PUBLIC;
+GRANT CREATE ON SCHEMA public TO PUBLIC;
+SQL
+psql -X -q "${managed/postgres@/alkblobs_installer@}" -v ON_ERROR_STOP=1 -f "$sql_only"
+echo "SQL-only install ($sql_only) made in $managed by alkblobs_installer"
+ALKBLOBS_PG_URL="$managed" ALKBLOBS_PG_CA=$(cron_pg ca) ALKBLOBS_PG_FLAVOUR=sql-only ALKBLOBS_SQL_ONLY_SCRIPT="$sql_only" \
+    cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_engines --test pg_fleet --test pg_races --test pg_hardening
+cron_pg stop
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"
 trap 'scripts/pgbouncer.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT

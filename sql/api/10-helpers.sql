@@ -536,19 +536,15 @@ BEGIN
         problem := 'cannot be locked by alkblobs_owner (register it again): ' || SQLERRM;
         RETURN;
     END;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = rel)
-       -- The SQL-only flavour, which has no event trigger to see a drop,
-       -- also takes a table whose view went with it (DROP … CASCADE) and
-       -- which has no guard of ours for one that took the dropped table's
-       -- OID. (Guarded but without its view: the view is made again.)
-       OR (@extschema@.alkblobs_flavour() = 'sql-only'
-           AND pg_catalog.to_regclass(alkblobs.source_name(rel)) IS NULL
-           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                            WHERE t.tgrelid = rel AND t.tgname = 'alkblobs_liveness_guard'
-                              AND t.tgfoid = 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure)) THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = rel) THEN
         -- Dropped: it protects nothing any more. (The library flavour's
         -- event trigger has removed its registrations already; the
-        -- SQL-only flavour has none, and removes them here.)
+        -- SQL-only flavour has none, and removes them here. A table that
+        -- took a dropped one's OID before that is not taken for it: it has
+        -- no guard, so it fails validation and every use aborts until an
+        -- operator unregisters it; a missing view or guard is never read
+        -- as a drop, which would unprotect a table whose guard was
+        -- dropped.)
         DELETE FROM alkblobs.liveness l WHERE l.relid = rel;
         gone := true;
         RETURN;

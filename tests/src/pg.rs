@@ -48,7 +48,10 @@ pub async fn ensure_extension(c: &Client) {
             .await
             .expect("the SQL-only install (scripts/test.sh runs it before the suites)")
             .get(0);
-        assert_eq!(flavour, "sql-only", "ALKBLOBS_PG_FLAVOUR=sql-only, but the database has the {flavour} flavour");
+        assert_eq!(
+            flavour, "sql-only",
+            "ALKBLOBS_PG_FLAVOUR=sql-only, but the database has the {flavour} flavour"
+        );
         return;
     }
     c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs")

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::{EntryMeta, Store, Tier};
 use crate::backend::{BlobReader, KeyStream, LargeBackend};
-use crate::{Key, Result};
+use crate::{Error, Key, Result};
 
 impl Store {
     /// The kv engine's answer, else the large engine's: the one fall-through.
@@ -32,15 +32,30 @@ impl Store {
         }
     }
 
-    /// The whole blob, or `None`. Loads it into memory; use
-    /// [`Store::open_read`] for large blobs.
+    /// The whole blob, or `None`, verified against its key: content that
+    /// does not hash to it is [`Error::Corrupt`] (bit rot, tampering, or a
+    /// forged key that a server which cannot hash accepted: the SQL-only
+    /// flavour). Loads it into memory; use [`Store::open_read_verified`]
+    /// for large blobs.
     pub async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
         self.check_open()?;
         let span = tracing::debug_span!("get", %key);
-        self.first(self.kv().get(key), |l| l.get(key))
+        let found = self
+            .first(self.kv().get(key), |l| l.get(key))
             .instrument(span)
-            .await
-            .map(|o| o.map(|(v, _)| v))
+            .await?;
+        let Some((v, tier)) = found else {
+            return Ok(None);
+        };
+        let actual = Key::of(&v);
+        if actual != *key {
+            return Err(Error::Corrupt {
+                key: *key,
+                engine: format!("the {tier} tier"),
+                detail: format!("its {} bytes hash to {actual}", v.len()),
+            });
+        }
+        Ok(Some(v))
     }
 
     /// Up to `len` bytes from `offset` (clamped to the end), or `None`.

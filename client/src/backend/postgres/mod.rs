@@ -26,8 +26,8 @@ mod writer;
 // The connection layer is the crate's `pg` module (shared with the fleet
 // arbiter); its public types are re-exported here, where they always were.
 pub use crate::pg::{
-    EXTENSION_VERSION, Flavour, PgOptions, PgPool, PoolHealth, PoolInfo, PoolLargeTier,
-    PoolMode, PoolSettings,
+    EXTENSION_VERSION, Flavour, PgOptions, PgPool, PoolHealth, PoolInfo, PoolLargeTier, PoolMode,
+    PoolSettings,
 };
 pub use kv::PostgresBackend;
 pub use pg_lo::PgLoBackend;

@@ -228,7 +228,8 @@ async fn status(ctx: &Ctx, db: &PgPool, name: Option<&str>) -> Res {
         println!(
             "{db}: alkblobs {EXTENSION_VERSION}, {flavour} flavour{}",
             match flavour {
-                Flavour::SqlOnly => " (keys trusted, not verified by the server; sweeps scheduled by pg_cron)",
+                Flavour::SqlOnly =>
+                    " (keys trusted, not verified by the server; sweeps scheduled by pg_cron)",
                 _ => "",
             }
         );

@@ -1,0 +1,429 @@
+//! The SQL-only flavour (`scripts/package.sh sql-only`), on a server like a
+//! managed one: the alkblobs library is never loaded, pg_cron is preloaded,
+//! and the installing role has CREATEROLE but is not a superuser.
+//! `scripts/test.sh` starts that cluster (`ALKBLOBS_PG_PRELOAD=cron`), runs
+//! the install script there as such a role, and points `ALKBLOBS_PG_URL`
+//! (a superuser, for the test's own set-up) at pg_cron's database and
+//! `ALKBLOBS_SQL_ONLY_SCRIPT` at the script. The engine, fleet, race and
+//! hardening suites run against this database as well.
+//!
+//! What differs from the library flavour, and is checked here: the
+//! server trusts writers' keys (clients verify what they read, `verify`
+//! finds a forged key), `alkblobs_key` cannot compute a key, sweeps are
+//! scheduled by pg_cron with the same history and health.
+
+#![cfg(feature = "pg")]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use alkblobs::backend::postgres::{Flavour, PgPool};
+use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+use alkblobs::{Error, Key, Store};
+use alkblobs_tests::pg::{connect, key, login_role, pool, sqlstate, url};
+use tokio_postgres::{Client, NoTls};
+
+fn script() -> String {
+    std::env::var("ALKBLOBS_SQL_ONLY_SCRIPT").unwrap_or_else(|_| {
+        panic!("ALKBLOBS_SQL_ONLY_SCRIPT is not set: scripts/test.sh sets it to the output of scripts/package.sh sql-only")
+    })
+}
+
+/// `url()` with another role and database.
+fn url_as(role: &str, db: &str) -> String {
+    let u = url();
+    let (scheme_host, _db) = u.rsplit_once('/').unwrap();
+    let host = scheme_host.rsplit_once('@').unwrap().1;
+    format!("postgresql://{role}@{host}/{db}")
+}
+
+async fn connect_to(u: &str) -> Client {
+    let (c, conn) = tokio_postgres::connect(u, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect {u}: {e}"));
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    c
+}
+
+fn psql_file(u: &str, file: &str) -> std::process::Output {
+    Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", u, "-f", file])
+        .output()
+        .expect("run psql")
+}
+
+/// The database the suites use has the SQL-only install, made by a role
+/// that is not a superuser, with nothing of the library in it.
+#[tokio::test]
+async fn the_install_is_sql_only_and_was_made_by_a_non_superuser() {
+    let c = connect().await;
+    let flavour: String = c
+        .query_one("SELECT alkblobs_flavour()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(flavour, "sql-only");
+    let ext: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_extension WHERE extname = 'alkblobs'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ext, 0, "no extension: the library flavour would have one");
+    // The installer owns the schema the script created; it is no superuser
+    // and no longer a member of alkblobs_owner.
+    let r = c
+        .query_one(
+            "SELECT r.rolname::text, r.rolsuper, r.rolcreaterole, pg_has_role(r.oid, 'alkblobs_owner', 'MEMBER')
+               FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner WHERE n.nspname = 'alkblobs_registration'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (who, sup, createrole, member): (String, bool, bool, bool) =
+        (r.get(0), r.get(1), r.get(2), r.get(3));
+    assert!(!sup, "installed by {who}, a superuser");
+    assert!(createrole, "{who} has CREATEROLE");
+    assert!(
+        !member,
+        "{who} stayed a member of alkblobs_owner after the install"
+    );
+    // Every routine is SQL or PL/pgSQL; no event trigger exists.
+    let foreign: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+              WHERE (p.pronamespace IN ('alkblobs'::regnamespace, 'alkblobs_registration'::regnamespace)
+                     OR p.proname LIKE 'alkblobs\\_%')
+                AND l.lanname NOT IN ('sql', 'plpgsql')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(foreign, 0, "a routine in another language than SQL");
+    let evt: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'alkblobs%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(evt, 0);
+    let loaded: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_proc WHERE probin LIKE '%alkblobs%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(loaded, 0, "a routine of the alkblobs library");
+}
+
+/// The script installs into a fresh database as a fresh non-superuser
+/// with CREATEROLE; a second run and a role without CREATEROLE are
+/// refused with a clear error, leaving nothing half-made.
+#[tokio::test]
+async fn the_script_installs_as_a_createrole_role_and_refuses_twice() {
+    let c = connect().await;
+    let tag = std::process::id();
+    let db = format!("alkblobs_sqlonly_{tag}");
+    let installer = format!("alkblobs_inst_{tag}");
+    let plain = format!("alkblobs_plain_{tag}");
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS {installer}"),
+        format!("DROP ROLE IF EXISTS {plain}"),
+        format!("CREATE ROLE {installer} LOGIN CREATEROLE"),
+        format!("CREATE ROLE {plain} LOGIN"),
+        format!("CREATE DATABASE {db} OWNER {installer}"),
+    ] {
+        c.batch_execute(&sql).await.unwrap();
+    }
+    // Without CREATEROLE: refused before anything is made.
+    let out = psql_file(&url_as(&plain, &db), &script());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs a role with CREATEROLE"), "{err}");
+    let out = psql_file(&url_as(&installer, &db), &script());
+    assert!(
+        out.status.success(),
+        "install as {installer}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = psql_file(&url_as(&installer, &db), &script());
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(err.contains("schema alkblobs exists"), "{err}");
+    // It works there: a pool, a put, a get, a sweep, as the installer's
+    // own roles would.
+    let d = connect_to(&url_as("postgres", &db)).await;
+    let k = key(b"fresh");
+    d.batch_execute("SELECT alkblobs_create_pool('p')")
+        .await
+        .unwrap();
+    d.execute("SELECT alkblobs_put('p', $1, 'fresh', 'o')", &[&k])
+        .await
+        .unwrap();
+    let v: Vec<u8> = d
+        .query_one("SELECT alkblobs_get('p', $1)", &[&k])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v, b"fresh");
+    d.batch_execute("CALL alkblobs_sweep_all('p')")
+        .await
+        .unwrap();
+    drop(d);
+    for sql in [
+        format!("DROP DATABASE {db} WITH (FORCE)"),
+        format!("DROP ROLE {plain}"),
+        format!("DROP ROLE {installer}"),
+    ] {
+        c.batch_execute(&sql).await.unwrap();
+    }
+}
+
+/// The server cannot verify BLAKE3 here: it checks key lengths and NULLs
+/// (same SQLSTATEs) and trusts the rest. A forged key is caught by every
+/// client read and by `verify`; `alkblobs_key` says it cannot.
+#[tokio::test]
+async fn a_forged_key_is_stored_but_every_read_and_verify_catch_it() {
+    let c = connect().await;
+    let e = c
+        .query_one("SELECT alkblobs_key('x')", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "0A000", "{e}");
+    let p = pool(&c, "forged", "60 seconds", "60 seconds").await;
+    let short = vec![1u8; 31];
+    let e = c
+        .execute("SELECT alkblobs_put($1, $2, 'v', 'o')", &[&p, &short])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "22023", "{e}");
+    let e = c
+        .execute(
+            "SELECT alkblobs_put_many($1, ARRAY[$2::bytea], ARRAY['v'::bytea], 'o')",
+            &[&p, &short],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "22023", "{e}");
+    // A key that is not the value's hash: accepted (the documented trust).
+    let forged = key(b"what the key claims");
+    c.execute(
+        "SELECT alkblobs_put($1, $2, 'something else', 'o')",
+        &[&p, &forged],
+    )
+    .await
+    .expect("the SQL-only server trusts the writer's key");
+    let honest = key(b"honest");
+    c.execute("SELECT alkblobs_put($1, $2, 'honest', 'o')", &[&p, &honest])
+        .await
+        .unwrap();
+    let store = Store::open_fleet(FleetOptions::new(url(), &p, FleetLarge::PgLo))
+        .await
+        .unwrap();
+    let fk = Key::from_slice(&forged).unwrap();
+    match store.get(&fk).await {
+        Err(Error::HashMismatch { .. } | Error::Corrupt { .. }) => {}
+        other => panic!("a read of a forged key returned {other:?}"),
+    }
+    let hk = Key::from_slice(&honest).unwrap();
+    assert_eq!(store.get(&hk).await.unwrap().unwrap().as_ref(), b"honest");
+    let report = store.verify().await.unwrap();
+    let bad: Vec<Key> = report.corrupt.iter().map(|c| c.key).collect();
+    assert_eq!(bad, vec![fk], "verify finds the forged key and only it");
+}
+
+/// The client tells the flavours apart at connect.
+#[tokio::test]
+async fn the_client_reports_the_flavour() {
+    let db = PgPool::connect_db(&url()).await.unwrap();
+    assert_eq!(db.flavour().await.unwrap(), Flavour::SqlOnly);
+    let c = connect().await;
+    let p = pool(&c, "flavour", "60 seconds", "60 seconds").await;
+    let health = db.health(Some(&p)).await.unwrap();
+    assert_eq!(health[0].flavour, Flavour::SqlOnly);
+}
+
+/// A lock on a registered table needs UPDATE here (LOCK TABLE checks it;
+/// registration grants it): revoked, every sweep aborts instead of reading
+/// a table whose definition it cannot hold still, and registering again
+/// mends it.
+#[tokio::test]
+async fn a_registered_table_alkblobs_owner_cannot_lock_aborts_the_sweep() {
+    let c = connect().await;
+    let p = pool(&c, "nolock", "0 seconds", "60 seconds").await;
+    let t = alkblobs_tests::pg::table_name(&p, "lv");
+    let k = key(b"kept by the table");
+    c.execute(
+        "SELECT alkblobs_put($1, $2, 'kept by the table', 'o')",
+        &[&p, &k],
+    )
+    .await
+    .unwrap();
+    c.batch_execute(&format!("CREATE TABLE {t} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    c.execute(&format!("INSERT INTO {t} VALUES ($1)"), &[&k])
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&p, &t],
+    )
+    .await
+    .unwrap();
+    c.execute("SELECT alkblobs_unpin($1, $2, 'o')", &[&p, &k])
+        .await
+        .unwrap();
+    c.batch_execute(&format!("REVOKE UPDATE ON {t} FROM alkblobs_owner"))
+        .await
+        .unwrap();
+    let r = c
+        .query_one("SELECT aborted FROM alkblobs_sweep($1)", &[&p])
+        .await
+        .unwrap();
+    assert_eq!(
+        r.get::<_, Option<String>>(0).as_deref(),
+        Some("liveness_table_invalid")
+    );
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&p, &t],
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let r = c
+            .query_one("SELECT aborted, deleted FROM alkblobs_sweep($1)", &[&p])
+            .await
+            .unwrap();
+        assert_eq!(r.get::<_, Option<String>>(0), None);
+        assert_eq!(r.get::<_, i64>(1), 0, "the table's key was deleted");
+    }
+    let held: i64 = c
+        .query_one("SELECT count(*) FROM alkblobs_stat($1, $2)", &[&p, &k])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1);
+}
+
+/// One call schedules a pool's sweeps with pg_cron, as the calling login
+/// role: its job runs, sweeps what is due, records scheduled sweeps in the
+/// history, and the health says pg_cron schedules the pool. Unscheduling
+/// removes the job.
+#[tokio::test]
+async fn pg_cron_sweeps_a_pool_scheduled_with_one_call() {
+    let c = connect().await;
+    let admin = login_role(&c, "cronadm", "alkblobs_admin").await;
+    c.batch_execute(&format!("GRANT USAGE ON SCHEMA cron TO {admin}"))
+        .await
+        .unwrap();
+    let a = connect_to(&url_as(
+        &admin,
+        &url().rsplit_once('/').unwrap().1.to_owned(),
+    ))
+    .await;
+    let p = format!("cron-{}", std::process::id());
+    a.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds')",
+        &[&p],
+    )
+    .await
+    .unwrap();
+    let gone = key(b"garbage for pg_cron");
+    a.execute(
+        "SELECT alkblobs_put($1, $2, 'garbage for pg_cron', 'o')",
+        &[&p, &gone],
+    )
+    .await
+    .unwrap();
+    a.execute("SELECT alkblobs_unpin($1, $2, 'o')", &[&p, &gone])
+        .await
+        .unwrap();
+    // Without a schedule (and an interval) it says how.
+    let e = a
+        .query_one("SELECT alkblobs_schedule_cron($1)", &[&p])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "22023", "{e}");
+    let job: i64 = a
+        .query_one("SELECT alkblobs_schedule_cron($1, '1 second')", &[&p])
+        .await
+        .unwrap()
+        .get(0);
+    let r = c
+        .query_one(
+            "SELECT username::text, database::text, command FROM cron.job WHERE jobid = $1",
+            &[&job],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), admin, "the job runs as its caller");
+    assert_eq!(r.get::<_, String>(1), url().rsplit_once('/').unwrap().1);
+    // pg_cron starts jobs on the minute: a run marks, the next one (a
+    // minute later) deletes (window 0).
+    let deadline = Instant::now() + Duration::from_secs(200);
+    loop {
+        let held: i64 = a
+            .query_one("SELECT count(*) FROM alkblobs_stat($1, $2)", &[&p, &gone])
+            .await
+            .unwrap()
+            .get(0);
+        if held == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pg_cron never swept the pool");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let r = a
+        .query_one(
+            "SELECT count(*) FILTER (WHERE scheduled), count(*) FILTER (WHERE outcome <> 'ok') FROM alkblobs_sweeps WHERE pool = $1",
+            &[&p],
+        )
+        .await
+        .unwrap();
+    assert!(r.get::<_, i64>(0) >= 1, "scheduled sweeps in the history");
+    assert_eq!(r.get::<_, i64>(1), 0, "a scheduled sweep failed");
+    let h = a
+        .query_one(
+            "SELECT status, scheduler, reasons FROM alkblobs_health WHERE pool = $1",
+            &[&p],
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.get::<_, String>(1), "pg_cron");
+    assert_eq!(
+        h.get::<_, String>(0),
+        "ok",
+        "{:?}",
+        h.get::<_, Vec<String>>(2)
+    );
+    assert!(
+        a.query_one("SELECT alkblobs_unschedule_cron($1)", &[&p])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    );
+    assert!(
+        !a.query_one("SELECT alkblobs_unschedule_cron($1)", &[&p])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    );
+    let jobs: i64 = c
+        .query_one("SELECT count(*) FROM cron.job WHERE jobid = $1", &[&job])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 0);
+}
