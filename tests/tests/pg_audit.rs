@@ -784,9 +784,16 @@ async fn a_registration_racing_an_index_creation_sees_the_index() {
     let pool = pool(&e, "reg-race", "0 seconds", "60 seconds").await;
     let t = table_name(&pool, "live");
     let f = table_name(&pool, "f");
+    // (What registration grants alkblobs_owner: in the SQL-only flavour
+    // also UPDATE, which its LOCK TABLE needs.)
+    let grant = if alkblobs_tests::pg::sql_only() {
+        "SELECT, UPDATE"
+    } else {
+        "SELECT"
+    };
     e.batch_execute(&format!(
         "CREATE TABLE {t} (key bytea PRIMARY KEY);
-         GRANT SELECT ON {t} TO alkblobs_owner;
+         GRANT {grant} ON {t} TO alkblobs_owner;
          CREATE FUNCTION {f}() RETURNS bytea LANGUAGE plpgsql IMMUTABLE AS $x$
          BEGIN
              IF current_user = 'alkblobs_owner' THEN RAISE EXCEPTION 'evil ran as %', current_user; END IF;
@@ -848,11 +855,15 @@ async fn the_extension_reads_the_column_the_guard_checks() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(
-        pending.as_deref(),
-        Some("recheck"),
-        "RENAME COLUMN went unnoticed"
-    );
+    // The library flavour's event trigger marks the table at once (the
+    // SQL-only flavour has none; the rebinding below is what matters).
+    if !alkblobs_tests::pg::sql_only() {
+        assert_eq!(
+            pending.as_deref(),
+            Some("recheck"),
+            "RENAME COLUMN went unnoticed"
+        );
+    }
     c.execute(&format!("INSERT INTO {t} (key) VALUES ($1)"), &[&new])
         .await
         .unwrap();
