@@ -120,7 +120,7 @@ pub fn sql_keys(sql: &str) -> String {
         out.push_str(&rest[..at]);
         let after = &rest[at + "alkblobs_key('".len()..];
         let end = after.find("')").expect("alkblobs_key('…') closed");
-        let hex: String = key(after[..end].as_bytes())
+        let hex: String = key(&after.as_bytes()[..end])
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
