@@ -328,11 +328,7 @@ async fn pg_cron_sweeps_a_pool_scheduled_with_one_call() {
     c.batch_execute(&format!("GRANT USAGE ON SCHEMA cron TO {admin}"))
         .await
         .unwrap();
-    let a = connect_to(&url_as(
-        &admin,
-        &url().rsplit_once('/').unwrap().1.to_owned(),
-    ))
-    .await;
+    let a = connect_to(&url_as(&admin, url().rsplit_once('/').unwrap().1)).await;
     let p = format!("cron-{}", std::process::id());
     a.execute(
         "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds')",
