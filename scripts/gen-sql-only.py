@@ -54,7 +54,7 @@ def main() -> int:
         f"--     psql -v ON_ERROR_STOP=1 -f alkblobs-sql-only--{version}.sql DBNAME\n"
         "-- as a role with CREATEROLE that may create in schema public (not\n"
         "-- necessarily a superuser). docs/operations.md, \"The SQL-only flavour\".\n\n",
-        "\\set ON_ERROR_STOP on\n",
+        "\\set ON_ERROR_STOP on\n\\set QUIET on\n",
         "BEGIN;\n",
         "SET LOCAL client_min_messages = warning;\n",
         "DO $$\nBEGIN\n"

@@ -330,8 +330,8 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .unwrap()
         .get(0);
     assert_eq!(pools, 1, "the upgrade kept the data");
-    // The upgrade applies the install's policy: nothing but alkblobs_key is
-    // executable by PUBLIC, and no SECURITY DEFINER function of the
+    // The upgrade applies the install's policy: nothing but alkblobs_key and
+    // alkblobs_flavour is executable by PUBLIC, and no SECURITY DEFINER function of the
     // extension is owned by a superuser (new ones above all), while every
     // invoker function is (alkblobs_owner must not be able to redefine
     // what its callers run).
@@ -348,7 +348,13 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(public, vec!["alkblobs_key(bytea)".to_string()]);
+    assert_eq!(
+        public,
+        vec![
+            "alkblobs_flavour()".to_string(),
+            "alkblobs_key(bytea)".to_string()
+        ]
+    );
     let superuser_owned: i64 = c
         .query_one(
             "SELECT count(*) FROM pg_proc p
