@@ -153,10 +153,23 @@ fn verify_names_every_corrupt_key_and_exits_4() {
     assert_eq!(report["corrupt"][0]["key"], key);
     assert_eq!(report["corrupt"].as_array().unwrap().len(), 1);
 
-    // A verified get refuses it and leaves no output file behind.
+    // A verified get refuses it and leaves no output file behind…
     let o = run(d, &["get", &key, "-o", "out.bin"]);
     assert_eq!(code(&o), 4);
     assert!(!d.join("out.bin").exists());
+    // …and writes none of it to stdout (held back until verified).
+    let o = run(d, &["get", &key]);
+    assert_eq!(code(&o), 4);
+    assert!(
+        o.stdout.is_empty(),
+        "{} bytes of a corrupt blob on stdout",
+        o.stdout.len()
+    );
+    // An intact one still streams whole.
+    let other = ok(d, &["put", "other.bin"]).trim().to_owned();
+    let o = run(d, &["get", &other]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(o.stdout, vec![7u8; 100_000]);
 }
 
 #[test]

@@ -4,7 +4,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use alkblobs::{Error, Key};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The most `get` to stdout holds back until the blob verified (64 MiB).
+const STDOUT_HOLD: u64 = 64 << 20;
 
 use crate::ctx::Ctx;
 use crate::exit::{Exit, Fail, Res};
@@ -25,10 +28,26 @@ pub async fn get(ctx: &Ctx, key: Key, output: Option<&Path>) -> Res {
         }
     };
     let Some(path) = output else {
+        // Up to STDOUT_HOLD bytes are held back until the whole blob has
+        // verified, so a blob that does not match its key (corruption, or a
+        // forged key that a SQL-only server accepted) writes nothing to a
+        // pipe; a larger one streams and fails at its end (exit 4). Use
+        // `-o FILE` for a verified file in every case.
         let mut out = tokio::io::stdout();
-        tokio::io::copy(&mut reader, &mut out)
+        let mut held = Vec::new();
+        (&mut reader)
+            .take(STDOUT_HOLD + 1)
+            .read_to_end(&mut held)
             .await
             .map_err(read_fail)?;
+        out.write_all(&held)
+            .await
+            .map_err(|e| Fail::new(Exit::Failure, format!("writing stdout: {e}")))?;
+        if held.len() as u64 > STDOUT_HOLD {
+            tokio::io::copy(&mut reader, &mut out)
+                .await
+                .map_err(read_fail)?;
+        }
         return out
             .flush()
             .await

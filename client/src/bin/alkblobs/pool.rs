@@ -226,7 +226,8 @@ async fn status(ctx: &Ctx, db: &PgPool, name: Option<&str>) -> Res {
             None => db.flavour().await?,
         };
         println!(
-            "{db}: alkblobs {EXTENSION_VERSION}, {flavour} flavour{}",
+            "{}: alkblobs {EXTENSION_VERSION}, {flavour} flavour{}",
+            db.to_string().trim_start_matches('@'),
             match flavour {
                 Flavour::SqlOnly =>
                     " (keys trusted, not verified by the server; sweeps scheduled by pg_cron)",
