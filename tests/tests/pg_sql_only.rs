@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use alkblobs::backend::postgres::{Flavour, PgPool};
 use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::{Error, Key, Store};
-use alkblobs_tests::pg::{connect, key, login_role, pool, sqlstate, url};
+use alkblobs_tests::pg::{connect, connect_as, key, login_role, pool, sqlstate, url};
 use tokio_postgres::{Client, NoTls};
 
 fn script() -> String {
@@ -328,7 +328,7 @@ async fn pg_cron_sweeps_a_pool_scheduled_with_one_call() {
     c.batch_execute(&format!("GRANT USAGE ON SCHEMA cron TO {admin}"))
         .await
         .unwrap();
-    let a = connect_to(&url_as(&admin, url().rsplit_once('/').unwrap().1)).await;
+    let a = connect_as(&admin).await;
     let p = format!("cron-{}", std::process::id());
     a.execute(
         "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds')",
