@@ -33,8 +33,10 @@ PG1 = "postgresql://postgres@127.0.0.1:54329/alkblobs_test"
 PG2 = "postgresql://postgres@127.0.0.1:54330/alkblobs_test"
 
 # (id, what the mutation removes, file, find, replace, kind, tests)
-# kind: "rust" (the client: tests rebuild it) or "ext" (sql/ or pg_ext/:
-# reinstall the extension). tests: (cargo arguments, env) pairs.
+# kind: "rust" (the client: tests rebuild it), "ext" (sql/ or pg_ext/:
+# reinstall the extension) or "sqlonly" (sql/: the SQL-only install made
+# afresh on its managed-like cluster, scripts/sql-only-cluster.sh, whose
+# env the tests get). tests: (cargo arguments, env) pairs.
 PG_TESTS = ["-p", "alkblobs-tests", "--features", "pg"]
 MUTATIONS = [
     ("publication-pin",
@@ -101,6 +103,13 @@ MUTATIONS = [
      "    if true {\n        PRELOADED.store(preloading",
      "ext",
      [(PG_TESTS + ["--test", "pg_default_server"], {"ALKBLOBS_PG_URL": PG2})]),
+    ("sql-only-other-bytes",
+     "where keys are trusted, a put of a present key with other bytes answers \"present\" (a forged value squats the key)",
+     "sql/api/30-puts-and-pins.sql",
+     "IF actual IS NULL AND NOT alkblobs.holds(pl.id, $2, $3, NULL, NULL) THEN",
+     "IF false THEN",
+     "sqlonly",
+     [(PG_TESTS + ["--test", "pg_sql_only", "--", "other_bytes"], {})]),
 ]
 
 
@@ -127,6 +136,14 @@ def install_extension():
         sh(["psql", "-X", "-q", url, "-c", "DROP EXTENSION IF EXISTS alkblobs CASCADE", "-c", "CREATE EXTENSION alkblobs"], quiet=True)
 
 
+def sql_only_cluster():
+    """Makes the SQL-only install afresh; returns the env its tests read."""
+    r = subprocess.run(["scripts/sql-only-cluster.sh", "start"], cwd=root, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("cannot make the SQL-only cluster:\n" + r.stderr)
+    return dict(line.split("=", 1) for line in r.stdout.split())
+
+
 def run(m, baseline=False):
     mid, what, rel, find, replace, kind, tests = m
     path = root / rel
@@ -139,8 +156,10 @@ def run(m, baseline=False):
             path.write_text(original.replace(find, replace))
             if kind == "ext":
                 install_extension()
+        extra = sql_only_cluster() if kind == "sqlonly" else {}
         caught = False
         for args, env in tests:
+            env = {**env, **extra}
             # A mutation that does not build proves nothing: build first.
             build = args[: args.index("--")] if "--" in args else args
             if sh(["cargo", "test", "--no-run"] + build, env=env, quiet=True) != 0:
@@ -183,6 +202,8 @@ def main():
         if not baseline and any(m[5] == "ext" for m in chosen):
             install_extension()  # the unmutated extension back
         clusters("stop")
+        if any(m[5] == "sqlonly" for m in chosen):
+            sh(["scripts/sql-only-cluster.sh", "stop"], quiet=True)
     want = "passes" if baseline else "caught"
     bad = [i for i, r in results if r != want]
     print(f"{len(results) - len(bad)} of {len(results)} " + ("baselines pass" if baseline else "mutations caught")

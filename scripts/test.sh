@@ -89,25 +89,10 @@ ALKBLOBS_PG_URL="$other" ALKBLOBS_PG_CA=$(other_pg ca) cargo test -p alkblobs-te
 other_pg stop
 
 step "a third cluster, like a managed server: pg_cron preloaded, the library never loaded; the SQL-only install run by a non-superuser with CREATEROLE, then the engine, fleet, race, hardening and audit suites against it"
-cron_pg() { ALKBLOBS_PG_PRELOAD=cron ALKBLOBS_PG_PORT=54331 scripts/pg-cluster.sh "$@"; }
-trap 'cron_pg stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
-cron_pg stop >/dev/null 2>&1 || true
-managed=$(cron_pg start)
-sql_only=$(scripts/package.sh sql-only)
-# What a managed service gives its admin role: CREATEROLE, the database,
-# pg_cron's schema; and a superuser to make pg_cron (the provider's part).
-psql -X -q "$managed" -v ON_ERROR_STOP=1 <<'SQL'
-CREATE ROLE alkblobs_installer LOGIN CREATEROLE;
-ALTER DATABASE alkblobs_test OWNER TO alkblobs_installer;
-CREATE EXTENSION pg_cron;
-GRANT USAGE ON SCHEMA cron TO alkblobs_installer, PUBLIC;
-GRANT CREATE ON SCHEMA public TO PUBLIC;
-SQL
-psql -X -q "${managed/postgres@/alkblobs_installer@}" -v ON_ERROR_STOP=1 -f "$sql_only"
-echo "SQL-only install ($sql_only) made in $managed by alkblobs_installer"
-ALKBLOBS_PG_URL="$managed" ALKBLOBS_PG_CA=$(cron_pg ca) ALKBLOBS_PG_FLAVOUR=sql-only ALKBLOBS_SQL_ONLY_SCRIPT="$sql_only" \
-    cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_engines --test pg_fleet --test pg_races --test pg_hardening --test pg_audit
-cron_pg stop
+trap 'scripts/sql-only-cluster.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+managed_env=$(scripts/sql-only-cluster.sh start)
+env $managed_env cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_engines --test pg_fleet --test pg_races --test pg_hardening --test pg_audit
+scripts/sql-only-cluster.sh stop
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"
 trap 'scripts/pgbouncer.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT

@@ -277,7 +277,8 @@ impl Error {
 /// | `40001` serialization failure, `40P01` deadlock, `55P03` lock not available, `55006` object in use (a file being deleted) | [`ErrorKind::Conflict`] |
 /// | class `08` connection exception, `57P01`–`57P03` admin shutdown / cannot connect now, `53300` too many connections | [`ErrorKind::Unavailable`] |
 /// | `AB002` content not present | [`ErrorKind::Collected`] |
-/// | `AB001` no such pool, `42501` insufficient privilege, `3F000` no schema (extension missing), `42883` undefined function (wrong extension version) | [`ErrorKind::Config`] |
+/// | `AB001` hash mismatch, `AB005` the key is stored with other bytes (a server that trusts writers' keys: one of the two is forged) | [`ErrorKind::Corrupt`] |
+/// | `42501` insufficient privilege, `3F000` no schema (extension missing), `42883` undefined function (wrong extension version) | [`ErrorKind::Config`] |
 /// | `22P02`, `22023`, `22004`, `22003` invalid input | [`ErrorKind::InvalidInput`] |
 /// | anything else | [`ErrorKind::Engine`] |
 pub fn sqlstate_kind(code: &str) -> ErrorKind {
@@ -286,7 +287,7 @@ pub fn sqlstate_kind(code: &str) -> ErrorKind {
         "57P01" | "57P02" | "57P03" | "53300" => ErrorKind::Unavailable,
         c if c.starts_with("08") => ErrorKind::Unavailable,
         "AB002" => ErrorKind::Collected,
-        "AB001" => ErrorKind::Corrupt,
+        "AB001" | "AB005" => ErrorKind::Corrupt,
         "42501" | "3F000" | "42883" => ErrorKind::Config,
         "22P02" | "22023" | "22004" | "22003" => ErrorKind::InvalidInput,
         _ => ErrorKind::Engine,

@@ -39,6 +39,54 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- Whether the entry of `k` in pool `p` holds exactly `v` (or, with `o`
+-- given, the large object `o` of `n` bytes). Asked only where the server
+-- trusts writers' keys (the SQL-only flavour, whose alkblobs.blake3 is
+-- NULL): there a put of a key that is present with other bytes means that
+-- one of the two does not hash to the key, and answering "present" would
+-- let a forged value squat an honest writer's key unnoticed. The library
+-- flavour has hashed both, so never asks. Large objects are compared 1 MiB
+-- at a time; sizes first.
+CREATE FUNCTION alkblobs.holds(p integer, k bytea, v bytea, o oid, n bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    e alkblobs.entries;
+    off bigint := 0;
+BEGIN
+    SELECT * INTO e FROM alkblobs.entries x WHERE x.pool = p AND x.key = k;
+    IF NOT FOUND THEN
+        RETURN true;  -- nothing to differ from
+    END IF;
+    IF e.size <> coalesce(n, length(v)) THEN
+        RETURN false;
+    END IF;
+    IF o IS NULL THEN
+        RETURN CASE e.tier WHEN 'kv' THEN e.value = v ELSE pg_catalog.lo_get(e.loid) = v END;
+    END IF;
+    IF e.tier = 'kv' THEN
+        RETURN e.value = pg_catalog.lo_get(o);
+    END IF;
+    WHILE off < n LOOP
+        IF pg_catalog.lo_get(e.loid, off, 1048576) <> pg_catalog.lo_get(o, off, 1048576) THEN
+            RETURN false;
+        END IF;
+        off := off + 1048576;
+    END LOOP;
+    RETURN true;
+END $$;
+
+-- AB005: key `k` is present in pool `pl` with other bytes than this put's.
+CREATE FUNCTION alkblobs.refuse_other_content(pl alkblobs.pools, k bytea, pos integer) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'key % is stored in pool "%" with other content%: one of the two does not hash to the key',
+                    encode(k, 'hex'), pl.name, CASE WHEN pos IS NULL THEN '' ELSE format(' (position %s)', pos) END
+        USING ERRCODE = 'AB005',
+              HINT = 'This server trusts writers'' keys (the SQL-only flavour). Nothing was stored; the entry keeps its content. `alkblobs verify` says whether it is the stored one that is forged: then it is collected like any entry once nothing protects it, and the put can be repeated.';
+END $$;
+
 -- The hot path, so written as a few inline statements (no nested calls).
 CREATE FUNCTION @extschema@.alkblobs_put(pool text, key bytea, value bytea, owner text)
 RETURNS boolean
@@ -105,6 +153,9 @@ BEGIN
         -- it survived. Then it stays until we commit.
         PERFORM 1 FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 FOR KEY SHARE;
         IF FOUND THEN
+            IF actual IS NULL AND NOT alkblobs.holds(pl.id, $2, $3, NULL, NULL) THEN
+                PERFORM alkblobs.refuse_other_content(pl, $2, NULL);  -- keys trusted: see alkblobs.holds
+            END IF;
             DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
             IF $4 IS NOT NULL THEN
                 INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
@@ -486,6 +537,16 @@ BEGIN
                 fast := false;
         END;
     END LOOP;
+    -- Keys trusted (see alkblobs.holds): a present key, or a key repeated
+    -- in the batch, must come with the bytes its entry holds.
+    IF cardinality(created) < n AND alkblobs.blake3('\x'::bytea) IS NULL THEN
+        SELECT u.i INTO bad FROM unnest($2, $3) WITH ORDINALITY u(k, v, i)
+         WHERE NOT alkblobs.holds(pl.id, u.k, u.v, NULL, NULL)
+         ORDER BY u.i LIMIT 1;
+        IF FOUND THEN
+            PERFORM alkblobs.refuse_other_content(pl, $2[bad], bad::integer);
+        END IF;
+    END IF;
     -- A re-put restarts the window.
     IF cardinality(present) > 0 THEN
         DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(present);

@@ -126,6 +126,9 @@ BEGIN
             RAISE EXCEPTION 'could not store key % in pool "%": it kept being deleted concurrently', encode($2, 'hex'), pl.name
                 USING ERRCODE = 'serialization_failure', HINT = 'Retry the put.';
         END IF;
+        IF h.hash IS NULL AND NOT alkblobs.holds(pl.id, $2, NULL, $3, h.size) THEN
+            PERFORM alkblobs.refuse_other_content(pl, $2, NULL);  -- keys trusted: see alkblobs.holds
+        END IF;
         -- A dedup hit: the existing entry stays, the new object goes.
         PERFORM pg_catalog.lo_unlink($3);
     END IF;

@@ -242,6 +242,140 @@ async fn a_forged_key_is_stored_but_every_read_and_verify_catch_it() {
     assert_eq!(bad, vec![fk], "verify finds the forged key and only it");
 }
 
+/// A key stored with bytes that are not its hash cannot squat it unseen:
+/// a put of the same key with other bytes, of any size, through any put
+/// (one value, a batch, a key twice in one batch, a large object, the Rust
+/// client) fails with AB005 and stores nothing; a put of the very bytes
+/// stored is a plain dedup hit.
+#[tokio::test]
+async fn a_put_of_a_present_key_with_other_bytes_is_refused() {
+    let c = connect().await;
+    let p = pool(&c, "squat", "60 seconds", "60 seconds").await;
+    let honest: &[u8] = b"the honest content";
+    let k = key(honest);
+    // The forger's bytes, once of another length and once of the same.
+    c.execute("SELECT alkblobs_put($1, $2, 'short', 'o')", &[&p, &k])
+        .await
+        .unwrap();
+    let same_len = key(b"another honest one");
+    let forged_same_len = b"xxxxxxxxxxxxxxxxxx".to_vec();
+    assert_eq!(forged_same_len.len(), b"another honest one".len());
+    c.execute(
+        "SELECT alkblobs_put($1, $2, $3, 'o')",
+        &[&p, &same_len, &forged_same_len],
+    )
+    .await
+    .unwrap();
+    let new = key(b"new");
+    for (present, value) in [(&k, honest), (&same_len, b"another honest one".as_slice())] {
+        let e = c
+            .execute(
+                "SELECT alkblobs_put($1, $2, $3, 'o')",
+                &[&p, present, &value],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&e), "AB005", "{e}");
+        let e = c
+            .execute(
+                "SELECT alkblobs_put_many($1, ARRAY[$2::bytea, $3], ARRAY['new'::bytea, $4], 'o')",
+                &[&p, &new, present, &value],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(sqlstate(&e), "AB005", "{e}");
+        let msg = e.as_db_error().unwrap().message();
+        assert!(msg.contains("position 2"), "{msg}");
+    }
+    // Nothing of the refused batch stayed.
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM alkblobs_list($1, NULL, 100) WHERE key = $2",
+            &[&p, &new],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+    // The same key twice in one batch, with two values.
+    let twice = key(b"twice");
+    let e = c
+        .execute(
+            "SELECT alkblobs_put_many($1, ARRAY[$2::bytea, $2], ARRAY['twice'::bytea, 'twicf'], 'o')",
+            &[&p, &twice],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "AB005", "{e}");
+    // The stored bytes again: a dedup hit, not an error.
+    let present: bool = c
+        .query_one("SELECT alkblobs_put($1, $2, 'short', 'o')", &[&p, &k])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!present);
+    let hits: Vec<bool> = c
+        .query_one(
+            "SELECT alkblobs_put_many($1, ARRAY[$2::bytea, $3], ARRAY['short'::bytea, $4], 'o')",
+            &[&p, &k, &same_len, &forged_same_len],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(hits, vec![false, false]);
+    // A large object of the honest bytes over a forged entry, and over a
+    // forged large object of the same size.
+    let lo_commit = |key: Vec<u8>, bytes: Vec<u8>| {
+        let p = p.clone();
+        async move {
+            let c = connect().await;
+            c.batch_execute("BEGIN").await.unwrap();
+            let o: u32 = c
+                .query_one("SELECT alkblobs_lo_create($1)", &[&p])
+                .await
+                .unwrap()
+                .get(0);
+            c.execute("SELECT alkblobs_lo_write($1, 0, $2)", &[&o, &bytes])
+                .await
+                .unwrap();
+            let r = c
+                .query_one(
+                    "SELECT alkblobs_lo_commit($1, $2, $3, 'o')",
+                    &[&p, &key, &o],
+                )
+                .await
+                .map(|row| row.get::<_, bool>(0));
+            if r.is_ok() {
+                c.batch_execute("COMMIT").await.unwrap();
+            }
+            r
+        }
+    };
+    let e = lo_commit(k.clone(), honest.to_vec()).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "AB005", "{e}");
+    let big_honest: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let big_key = key(&big_honest);
+    let mut big_forged = big_honest.clone();
+    big_forged[2_500_000] ^= 1; // past the first 1 MiB compared
+    assert!(
+        lo_commit(big_key.clone(), big_forged.clone())
+            .await
+            .unwrap()
+    );
+    let e = lo_commit(big_key.clone(), big_honest).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "AB005", "{e}");
+    assert!(
+        !lo_commit(big_key, big_forged).await.unwrap(),
+        "the same bytes: a dedup hit"
+    );
+    // The Rust client, whose keys are always the hash, learns it as corrupt.
+    let store = Store::open_fleet(FleetOptions::new(url(), &p, FleetLarge::PgLo))
+        .await
+        .unwrap();
+    let e = store.put(honest).await.unwrap_err();
+    assert_eq!(e.kind(), alkblobs::ErrorKind::Corrupt, "{e}");
+}
+
 /// The client tells the flavours apart at connect.
 #[tokio::test]
 async fn the_client_reports_the_flavour() {

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# A cluster made like a managed PostgreSQL, with the SQL-only install in it.
+#   scripts/sql-only-cluster.sh start   (re)creates it and prints the env
+#                                       lines the SQL-only tests read
+#   scripts/sql-only-cluster.sh stop
+# The cluster is scripts/pg-cluster.sh's ALKBLOBS_PG_PRELOAD=cron one on
+# port 54331: pg_cron preloaded, the alkblobs library never loaded. What a
+# managed service gives its admin role is set up by a superuser (the
+# provider's part): a LOGIN CREATEROLE role `alkblobs_installer` owning the
+# database, pg_cron created, its schema usable. Then the script of
+# `scripts/package.sh sql-only`, generated afresh from sql/, is run with
+# psql as alkblobs_installer, as a user of such a service runs it.
+# scripts/test.sh and scripts/mutants.py both start it so.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cron_pg() { ALKBLOBS_PG_PRELOAD=cron ALKBLOBS_PG_PORT=54331 scripts/pg-cluster.sh "$@"; }
+case "${1:-}" in
+start)
+    cron_pg stop >/dev/null 2>&1 || true
+    managed=$(cron_pg start)
+    sql_only=$(scripts/package.sh sql-only)
+    psql -X -q "$managed" -v ON_ERROR_STOP=1 >&2 <<'SQL'
+CREATE ROLE alkblobs_installer LOGIN CREATEROLE;
+ALTER DATABASE alkblobs_test OWNER TO alkblobs_installer;
+CREATE EXTENSION pg_cron;
+GRANT USAGE ON SCHEMA cron TO alkblobs_installer, PUBLIC;
+GRANT CREATE ON SCHEMA public TO PUBLIC;
+SQL
+    psql -X -q "${managed/postgres@/alkblobs_installer@}" -v ON_ERROR_STOP=1 -f "$sql_only" >&2
+    echo "SQL-only install ($sql_only) made in $managed by alkblobs_installer" >&2
+    echo "ALKBLOBS_PG_URL=$managed"
+    echo "ALKBLOBS_PG_CA=$(cron_pg ca)"
+    echo "ALKBLOBS_PG_FLAVOUR=sql-only"
+    echo "ALKBLOBS_SQL_ONLY_SCRIPT=$sql_only"
+    ;;
+stop)
+    cron_pg stop
+    ;;
+*)
+    echo "usage: $0 start|stop" >&2
+    exit 2
+    ;;
+esac
