@@ -57,6 +57,10 @@ def main() -> int:
         "\\set ON_ERROR_STOP on\n\\set QUIET on\n",
         "BEGIN;\n",
         "SET LOCAL client_min_messages = warning;\n",
+        "-- Whatever the installer's search_path holds, this script's names\n"
+        "-- resolve in pg_catalog first (a schema of someone's before it could\n"
+        "-- otherwise hand it an operator or function of theirs).\n"
+        "SET LOCAL search_path = pg_catalog, public, pg_temp;\n",
         "DO $$\nBEGIN\n"
         "    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'alkblobs') THEN\n"
         "        RAISE EXCEPTION 'this database has the alkblobs extension: it needs no SQL-only install'\n"
@@ -67,6 +71,17 @@ def main() -> int:
         "    ELSIF NOT (SELECT r.rolcreaterole OR r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) THEN\n"
         "        RAISE EXCEPTION 'the SQL-only install needs a role with CREATEROLE (it creates the alkblobs_* roles), not %', current_user\n"
         "            USING ERRCODE = 'insufficient_privilege';\n"
+        "    ELSIF NOT pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE') THEN\n"
+        "        RAISE EXCEPTION 'the SQL-only install creates schemas: % needs CREATE on database %', current_user, pg_catalog.current_database()\n"
+        "            USING ERRCODE = 'insufficient_privilege', HINT = 'Run it as the database''s owner (a managed service''s admin role usually is).';\n"
+        "    ELSIF NOT pg_catalog.has_schema_privilege('public', 'CREATE WITH GRANT OPTION')\n"
+        "          AND NOT pg_catalog.pg_has_role((SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'public'), 'USAGE') THEN\n"
+        "        RAISE EXCEPTION 'the SQL-only install creates its functions in schema public and lets alkblobs_owner create there while it runs: % needs to own schema public (the database''s owner does) or CREATE on it WITH GRANT OPTION', current_user\n"
+        "            USING ERRCODE = 'insufficient_privilege', HINT = 'Run it as the database''s owner (a managed service''s admin role usually is).';\n"
+        "    ELSIF pg_catalog.current_setting('server_version_num')::integer NOT BETWEEN 150000 AND 159999 THEN\n"
+        "        RAISE EXCEPTION 'the SQL-only install of alkblobs is for PostgreSQL 15, not %', pg_catalog.current_setting('server_version')\n"
+        "            USING ERRCODE = 'feature_not_supported',\n"
+        "                  HINT = 'PostgreSQL 16 changed what CREATEROLE grants its holder on the roles it creates (ADMIN OPTION), which this install''s role checks do not yet allow for.';\n"
         "    END IF;\n"
         "END $$;\n\n",
         "-- sql/bootstrap.sql " + "-" * 56 + "\n\n",

@@ -110,6 +110,13 @@ MUTATIONS = [
      "IF false THEN",
      "sqlonly",
      [(PG_TESTS + ["--test", "pg_sql_only", "--", "other_bytes"], {})]),
+    ("sql-only-search-path",
+     "the SQL-only install script runs in the installer's search_path (a schema before pg_catalog lends it operators)",
+     "scripts/gen-sql-only.py",
+     r'"SET LOCAL search_path = pg_catalog, public, pg_temp;\n",',
+     '"",',
+     "sqlonly",
+     [(PG_TESTS + ["--test", "pg_sql_only", "--", "whatever_the_installers_search_path"], {})]),
 ]
 
 

@@ -125,40 +125,76 @@ async fn the_install_is_sql_only_and_was_made_by_a_non_superuser() {
     assert_eq!(loaded, 0, "a routine of the alkblobs library");
 }
 
-/// The script installs into a fresh database as a fresh non-superuser
-/// with CREATEROLE; a second run and a role without CREATEROLE are
-/// refused with a clear error, leaving nothing half-made.
-#[tokio::test]
-async fn the_script_installs_as_a_createrole_role_and_refuses_twice() {
-    let c = connect().await;
+/// A fresh database owned by a fresh `LOGIN CREATEROLE` role, and a plain
+/// `LOGIN` role; dropped (with what they own) by `drop_fresh`.
+async fn fresh_db(c: &Client, what: &str) -> (String, String, String) {
     let tag = std::process::id();
-    let db = format!("alkblobs_sqlonly_{tag}");
-    let installer = format!("alkblobs_inst_{tag}");
-    let plain = format!("alkblobs_plain_{tag}");
+    let db = format!("alkblobs_{what}_{tag}");
+    let installer = format!("alkblobs_inst_{what}_{tag}");
+    let plain = format!("alkblobs_plain_{what}_{tag}");
+    drop_fresh(c, &db, &installer, &plain).await;
     for sql in [
-        format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-        format!("DROP ROLE IF EXISTS {installer}"),
-        format!("DROP ROLE IF EXISTS {plain}"),
         format!("CREATE ROLE {installer} LOGIN CREATEROLE"),
-        format!("CREATE ROLE {plain} LOGIN"),
+        format!("CREATE ROLE {plain} LOGIN CREATEROLE"),
         format!("CREATE DATABASE {db} OWNER {installer}"),
     ] {
         c.batch_execute(&sql).await.unwrap();
     }
+    (db, installer, plain)
+}
+
+async fn drop_fresh(c: &Client, db: &str, installer: &str, plain: &str) {
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    for role in [plain, installer] {
+        c.batch_execute(&format!(
+            "DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN \
+             EXECUTE 'DROP OWNED BY {role}'; EXECUTE 'DROP ROLE {role}'; END IF; END $$"
+        ))
+        .await
+        .unwrap();
+    }
+}
+
+fn stderr_of(out: &std::process::Output) -> String {
+    assert!(!out.status.success(), "the install was expected to fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The script installs into a fresh database as a fresh non-superuser
+/// with CREATEROLE that owns the database; a second run, a role without
+/// CREATEROLE and one that does not own the database are refused with a
+/// clear error, leaving nothing half-made.
+#[tokio::test]
+async fn the_script_installs_as_a_createrole_role_and_refuses_twice() {
+    let c = connect().await;
+    let (db, installer, plain) = fresh_db(&c, "sqlonly").await;
     // Without CREATEROLE: refused before anything is made.
-    let out = psql_file(&url_as(&plain, &db), &script());
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    c.batch_execute(&format!("ALTER ROLE {plain} NOCREATEROLE"))
+        .await
+        .unwrap();
+    let err = stderr_of(&psql_file(&url_as(&plain, &db), &script()));
     assert!(err.contains("needs a role with CREATEROLE"), "{err}");
+    // With CREATEROLE, not owning the database: no schemas of its own…
+    c.batch_execute(&format!("ALTER ROLE {plain} CREATEROLE"))
+        .await
+        .unwrap();
+    let err = stderr_of(&psql_file(&url_as(&plain, &db), &script()));
+    assert!(err.contains("needs CREATE on database"), "{err}");
+    // …and, given CREATE on it, still not public's owner.
+    c.batch_execute(&format!("GRANT CREATE ON DATABASE {db} TO {plain}"))
+        .await
+        .unwrap();
+    let err = stderr_of(&psql_file(&url_as(&plain, &db), &script()));
+    assert!(err.contains("needs to own schema public"), "{err}");
     let out = psql_file(&url_as(&installer, &db), &script());
     assert!(
         out.status.success(),
         "install as {installer}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let again = psql_file(&url_as(&installer, &db), &script());
-    assert!(!again.status.success());
-    let err = String::from_utf8_lossy(&again.stderr);
+    let err = stderr_of(&psql_file(&url_as(&installer, &db), &script()));
     assert!(err.contains("schema alkblobs exists"), "{err}");
     // It works there: a pool, a put, a get, a sweep, as the installer's
     // own roles would.
@@ -180,13 +216,53 @@ async fn the_script_installs_as_a_createrole_role_and_refuses_twice() {
         .await
         .unwrap();
     drop(d);
-    for sql in [
-        format!("DROP DATABASE {db} WITH (FORCE)"),
-        format!("DROP ROLE {plain}"),
-        format!("DROP ROLE {installer}"),
-    ] {
-        c.batch_execute(&sql).await.unwrap();
-    }
+    drop_fresh(&c, &db, &installer, &plain).await;
+}
+
+/// The install's own statements resolve names in pg_catalog first, so an
+/// installer whose search_path puts someone's schema before pg_catalog
+/// runs none of that schema's operators.
+#[tokio::test]
+async fn the_install_resolves_its_names_in_pg_catalog_whatever_the_installers_search_path() {
+    let c = connect().await;
+    let (db, installer, plain) = fresh_db(&c, "sqlonlypath").await;
+    let d = connect_to(&url_as("postgres", &db)).await;
+    d.batch_execute(&format!(
+        "CREATE SCHEMA trap AUTHORIZATION {plain};
+         SET ROLE {plain};
+         CREATE FUNCTION trap.name_eq(name, name) RETURNS boolean LANGUAGE plpgsql AS
+           $$ BEGIN RAISE EXCEPTION 'trapped: the install ran an operator of schema trap'; END $$;
+         CREATE OPERATOR trap.= (FUNCTION = trap.name_eq, LEFTARG = name, RIGHTARG = name);
+         CREATE FUNCTION trap.text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS
+           $$ BEGIN RAISE EXCEPTION 'trapped: the install ran an operator of schema trap'; END $$;
+         CREATE OPERATOR trap.= (FUNCTION = trap.text_eq, LEFTARG = text, RIGHTARG = text);
+         GRANT USAGE ON SCHEMA trap TO PUBLIC;
+         RESET ROLE;
+         ALTER ROLE {installer} IN DATABASE {db} SET search_path = trap, pg_catalog, public"
+    ))
+    .await
+    .unwrap();
+    // The trap is armed: in that search_path a plain comparison runs it.
+    let probe = Command::new("psql")
+        .args([
+            "-X",
+            "-q",
+            "-d",
+            &url_as(&installer, &db),
+            "-c",
+            "SELECT 'a'::text = 'b'::text",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&probe.stderr).contains("trapped"));
+    let out = psql_file(&url_as(&installer, &db), &script());
+    assert!(
+        out.status.success(),
+        "install with schema trap first: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(d);
+    drop_fresh(&c, &db, &installer, &plain).await;
 }
 
 /// The server cannot verify BLAKE3 here: it checks key lengths and NULLs
