@@ -101,7 +101,12 @@ BEGIN
         EXCEPTION WHEN undefined_table OR wrong_object_type OR insufficient_privilege THEN
             -- The name moved to another relation (or to none) since it was
             -- looked up; unless it is ours that we may not lock.
-            IF SQLSTATE = '42501' AND NOT pg_catalog.has_table_privilege(rel, 'UPDATE') THEN
+            IF SQLSTATE = '42501' AND NOT pg_catalog.has_schema_privilege(
+                   (SELECT c.relnamespace FROM pg_catalog.pg_class c WHERE c.oid = rel), 'USAGE') THEN
+                RAISE EXCEPTION 'alkblobs_owner cannot lock liveness table %: it has no USAGE on the table''s schema', rel
+                    USING ERRCODE = 'insufficient_privilege',
+                          HINT = 'The SQL-only flavour locks registered tables with LOCK TABLE, by name: grant USAGE on the schema to alkblobs_owner again.';
+            ELSIF SQLSTATE = '42501' AND NOT pg_catalog.has_table_privilege(rel, 'UPDATE') THEN
                 RAISE EXCEPTION 'alkblobs_owner cannot lock liveness table %: it has no UPDATE privilege on it', rel::regclass
                     USING ERRCODE = 'insufficient_privilege',
                           HINT = 'The SQL-only flavour locks registered tables with LOCK TABLE, which needs it: register the table again (alkblobs_register_liveness).';

@@ -505,6 +505,49 @@ async fn a_registered_table_alkblobs_owner_cannot_lock_aborts_the_sweep() {
         r.get::<_, Option<String>>(0).as_deref(),
         Some("liveness_table_invalid")
     );
+    // Its schema's USAGE revoked: the same, and said as such (not taken
+    // for a rename race, which would report the table busy).
+    let schema = format!("nolock_{}", std::process::id());
+    let moved = format!("{schema}.{t}");
+    c.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
+         SELECT alkblobs_unregister_liveness('{p}', '{t}'::regclass);
+         ALTER TABLE {t} SET SCHEMA {schema};
+         GRANT USAGE ON SCHEMA {schema} TO alkblobs_owner;"
+    ))
+    .await
+    .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&p, &moved],
+    )
+    .await
+    .unwrap();
+    c.batch_execute(&format!(
+        "REVOKE USAGE ON SCHEMA {schema} FROM alkblobs_owner"
+    ))
+    .await
+    .unwrap();
+    let (w, warnings) = alkblobs_tests::pg::connect_collecting(&url()).await;
+    let r = w
+        .query_one("SELECT aborted FROM alkblobs_sweep($1)", &[&p])
+        .await
+        .unwrap();
+    assert_eq!(
+        r.get::<_, Option<String>>(0).as_deref(),
+        Some("liveness_table_invalid")
+    );
+    let said: Vec<String> = warnings.try_iter().collect();
+    let said = said.join("\n");
+    assert!(said.contains("no USAGE on the table's schema"), "{said}");
+    c.batch_execute(&format!(
+        "GRANT USAGE ON SCHEMA {schema} TO alkblobs_owner;
+         SELECT alkblobs_unregister_liveness('{p}', '{moved}'::regclass);
+         ALTER TABLE {moved} SET SCHEMA public;
+         DROP SCHEMA {schema};"
+    ))
+    .await
+    .unwrap();
     c.execute(
         "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
         &[&p, &t],
