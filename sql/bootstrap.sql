@@ -286,8 +286,9 @@ CREATE TABLE alkblobs.sweep_state (
 );
 -- When the scheduler last started a run of each pool (claimed in its own
 -- transaction before the run, so a run that takes its worker down does not
--- make the pool first in line again at once). Only the database's one
--- worker writes it: a claim never waits.
+-- make the pool first in line again at once). The database's one worker
+-- and pg_cron jobs (0.8.0) write it, each claim one statement that
+-- re-checks the period, so one period is never run twice.
 CREATE TABLE alkblobs.schedule (
     pool           integer PRIMARY KEY,
     last_scheduled timestamptz NOT NULL,

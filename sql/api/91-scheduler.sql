@@ -25,14 +25,18 @@ EXCEPTION WHEN lock_not_available THEN
 END $$;
 
 -- The start of a scheduled run of pool p, committed before its first call.
--- False (the pool is skipped this time) if its row stays locked.
+-- False (the pool is skipped this time) if its row stays locked, or if
+-- another runner (a pg_cron job of the pool, alkblobs_cron_claim) started
+-- a run since scheduler_due looked: the same one-statement claim as
+-- alkblobs_cron_claim's, so two runners never both run one period.
 CREATE FUNCTION alkblobs.scheduler_claim(p integer) RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    INSERT INTO alkblobs.schedule AS s (pool, last_scheduled) VALUES (p, clock_timestamp())
-    ON CONFLICT (pool) DO UPDATE SET last_scheduled = excluded.last_scheduled;
-    RETURN true;
+    INSERT INTO alkblobs.schedule AS s (pool, last_scheduled, runner) VALUES (p, clock_timestamp(), 'worker')
+    ON CONFLICT ON CONSTRAINT schedule_pkey DO UPDATE SET last_scheduled = excluded.last_scheduled, runner = 'worker'
+     WHERE s.last_scheduled + (SELECT x.sweep_every FROM alkblobs.pools x WHERE x.id = p) <= clock_timestamp();
+    RETURN FOUND;
 EXCEPTION WHEN lock_not_available THEN
     RAISE WARNING 'alkblobs scheduler: pool % skipped: its schedule row stayed locked', p;
     RETURN false;

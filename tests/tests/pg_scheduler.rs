@@ -1346,3 +1346,49 @@ async fn history_and_health_at_every_isolation_level() {
         tx.commit().await.unwrap();
     }
 }
+
+/// The worker and a pg_cron job of the same pool claim its runs with one
+/// statement each that re-checks the period, so one period is never run
+/// twice, and the pool's schedule row says who ran it last (health reads
+/// it). All in one transaction that is rolled back: the running worker
+/// never sees the pool.
+#[tokio::test]
+async fn the_worker_and_a_pg_cron_job_never_both_claim_one_period() {
+    let c = connect().await;
+    alkblobs_tests::pg::ensure_extension(&c).await;
+    c.batch_execute("BEGIN").await.unwrap();
+    let name = format!("claims_{}", std::process::id());
+    c.execute(
+        "SELECT alkblobs_create_pool($1, sweep_every => '1 hour')",
+        &[&name],
+    )
+    .await
+    .unwrap();
+    let id: i32 = c
+        .query_one("SELECT id FROM alkblobs.pools WHERE name = $1", &[&name])
+        .await
+        .unwrap()
+        .get(0);
+    let runner_sql = "SELECT runner FROM alkblobs.schedule WHERE pool = $1";
+    let runner =
+        async |c: &Client| -> String { c.query_one(runner_sql, &[&id]).await.unwrap().get(0) };
+    let claim_cron = "SELECT alkblobs_cron_claim($1)";
+    let claim_worker = "SELECT alkblobs.scheduler_claim($1)";
+    let got: bool = c.query_one(claim_cron, &[&name]).await.unwrap().get(0);
+    assert!(got, "a pool never run is due");
+    let got: bool = c.query_one(claim_worker, &[&id]).await.unwrap().get(0);
+    assert!(!got, "the worker claimed a period pg_cron had started");
+    assert_eq!(runner(&c).await, "pg_cron");
+    c.execute(
+        "UPDATE alkblobs.schedule SET last_scheduled = clock_timestamp() - interval '2 hours' WHERE pool = $1",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let got: bool = c.query_one(claim_worker, &[&id]).await.unwrap().get(0);
+    assert!(got, "a due pool is the worker's to claim");
+    assert_eq!(runner(&c).await, "worker");
+    let got: bool = c.query_one(claim_cron, &[&name]).await.unwrap().get(0);
+    assert!(!got, "pg_cron claimed a period the worker had started");
+    c.batch_execute("ROLLBACK").await.unwrap();
+}
