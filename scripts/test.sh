@@ -4,7 +4,8 @@
 #      extension into the system PostgreSQL 15 (scripts/install-extension.sh);
 #   2. formatting, clippy and rustdoc with warnings denied;
 #   3. the workspace suite: conformance over every engine and store
-#      configuration, bad input, crash and GC race tests, the CLI;
+#      configuration, bad input, crash, power-cut (on a FUSE filesystem
+#      that loses unsynced writes) and GC race tests, the CLI;
 #   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
 #      runs the golden SQL tests (scripts/regress.sh), the PostgreSQL race,
 #      protocol, hardening and audit suites and the engine conformance
@@ -34,9 +35,9 @@ step() { printf '\n==> %s (%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
 step "installing prerequisites and the extension"
 scripts/install-extension.sh
 
-step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler)"
+step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler), fuse3 (fusermount3, for the power-cut test's lossyfs)"
 tools=()
-for pkg in prometheus-sql-exporter postgresql-15-cron; do
+for pkg in prometheus-sql-exporter postgresql-15-cron fuse3; do
     dpkg -s "$pkg" >/dev/null 2>&1 || tools+=("$pkg")
 done
 if [ ${#tools[@]} -gt 0 ]; then

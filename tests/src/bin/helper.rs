@@ -10,6 +10,11 @@
 //!   plain rusqlite connection, prints `locked`, holds until stdin closes.
 //! - `sweep-then-die DIR WINDOW_MS`: runs a sweep on DIR and, once its rows
 //!   are staged and sealed, prints `sealed` and hangs until killed.
+//! - `powercut DIR`: the power-cut test's workload (tests/powercut.rs) on
+//!   the embedded store in DIR, durable, threshold 16 KiB, window zero:
+//!   puts, a batch, garbage, a sweep, more puts; prints what each step
+//!   acknowledged (`put KEY`, `root KEY`, `unroot KEY`, `sweep-start`,
+//!   `swept DELETED`) once it returned, and marks its phases for lossyfs.
 //! - `pg-crash-puts URL POOL`: `crash-puts` on a single-instance PostgreSQL
 //!   pool (threshold 1 KiB: kv rows and large objects).
 //! - `fleet-hold URL POOL N`: a fleet instance (kv-only pool) puts N blobs,
@@ -111,6 +116,7 @@ async fn main() {
                 let _ = std::io::stdout().flush();
             }
         }
+        Some("powercut") => powercut(&args[2]).await,
         Some("pg-crash-puts") => {
             let opts =
                 alkblobs::store::postgres::PostgresOptions::new(&args[2], &args[3]).threshold(1024);
@@ -342,4 +348,84 @@ async fn fleet_race(url: &str, pool: &str, table: &str, me: u64, secs: u64) {
     drop(held);
     store.close().await.expect("close");
     println!("deleted={deleted}");
+}
+
+/// The `powercut` workload: every line it prints is a step that returned
+/// (stdout is line-buffered, so a line is out before the next step starts).
+async fn powercut(dir: &str) {
+    use alkblobs::store::DirOptions;
+    let dir = std::path::Path::new(dir);
+    let phase = |name: &str| {
+        // lossyfs records the phase at this lookup (the name never exists).
+        let _ = std::fs::metadata(dir.join(format!(".lossyfs-phase-{name}")));
+    };
+    let opts = DirOptions::new()
+        .threshold(16 * 1024)
+        .delete_window(Duration::ZERO);
+    let store = Store::open_dir_with(dir, opts).await.expect("open");
+    let ack = |what: &str, key: &alkblobs::Key| println!("{what} {key}");
+    phase("put");
+    for (i, size) in [100usize, 3_000, 40_000, 300_000].into_iter().enumerate() {
+        let put = store
+            .put(alkblobs_tests::data(i as u64, size))
+            .await
+            .expect("put");
+        ack("put", &put.key);
+        store.add_roots(&[put.key]).await.expect("add root");
+        ack("root", &put.key);
+    }
+    phase("batch");
+    let batch: Vec<Vec<u8>> = (0..12u64)
+        .map(|i| {
+            alkblobs_tests::data(
+                100 + i,
+                if i % 3 == 0 {
+                    30_000 + i as usize
+                } else {
+                    500 + i as usize
+                },
+            )
+        })
+        .collect();
+    let many = store.put_many(batch).await.expect("put_many");
+    let keys: Vec<alkblobs::Key> = many.entries.iter().map(|e| e.key).collect();
+    for k in &keys {
+        ack("put", k);
+    }
+    store.add_roots(&keys).await.expect("add roots");
+    for k in &keys {
+        ack("root", k);
+    }
+    drop(many);
+    phase("garbage");
+    for i in 0..6u64 {
+        let put = store
+            .put(alkblobs_tests::data(
+                200 + i,
+                if i % 2 == 0 { 700 } else { 50_000 },
+            ))
+            .await
+            .expect("put");
+        ack("put", &put.key);
+    }
+    store.remove_roots(&keys[..2]).await.expect("remove roots");
+    ack("unroot", &keys[0]);
+    ack("unroot", &keys[1]);
+    phase("sweep");
+    println!("sweep-start");
+    let report = store.sweep(SweepOptions::new()).await.expect("sweep");
+    println!("swept {}", report.deleted);
+    phase("after");
+    for i in 0..3u64 {
+        let put = store
+            .put(alkblobs_tests::data(300 + i, 20_000 * i as usize + 10))
+            .await
+            .expect("put");
+        ack("put", &put.key);
+        store.add_roots(&[put.key]).await.expect("add root");
+        ack("root", &put.key);
+    }
+    phase("end");
+    store.close().await.expect("close");
+    println!("closed");
 }
