@@ -103,6 +103,13 @@ MUTATIONS = [
      "calls := calls + 1;",
      "ext",
      [(PG_TESTS + ["--test", "pg_hardening", "--", "a_schema_before_pg_catalog"], {"ALKBLOBS_PG_URL": PG1})]),
+    ("pin-again",
+     "a pin taken again takes the new expiry even when it is sooner (the one source of every put path's pin upsert)",
+     "sql/api/30-puts-and-pins.sql",
+     "-- @source pin(again): ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at)",
+     "-- @source pin(again): ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = EXCLUDED.expires_at",
+     "ext",
+     [(PG_TESTS + ["--test", "pg_hotpaths", "--", "never_shortens"], {"ALKBLOBS_PG_URL": PG1})]),
     ("put-many-retry",
      "alkblobs_put_many does not run its pass again when a key was deleted under it",
      "sql/api/30-puts-and-pins.sql",
@@ -179,10 +186,13 @@ def run(m, baseline=False):
     if original.count(find) != 1:
         print(f"  {mid}: the text to mutate occurs {original.count(find)} times in {rel}: update the runner")
         return "broken"
+    api = {f: f.read_text() for f in (root / "sql" / "api").glob("*.sql")}
     try:
         if not baseline:
             path.write_text(original.replace(find, replace))
             if kind == "ext":
+                # A mutated `-- @source` rule reaches its inlined copies.
+                sh(["scripts/gen-upgrade.py", "--inline"], quiet=True)
                 install_extension()
         extra = sql_only_cluster() if kind == "sqlonly" else {}
         caught = False
@@ -204,6 +214,9 @@ def run(m, baseline=False):
         return "caught" if caught else "SURVIVED"
     finally:
         path.write_text(original)
+        for f, text in api.items():
+            if f.read_text() != text:
+                f.write_text(text)
 
 
 def main():

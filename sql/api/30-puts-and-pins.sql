@@ -5,14 +5,24 @@
 -- Puts and pins --------------------------------------------------------------
 
 -- Upserts the caller's pin on (pool, key, owner) to expire one TTL from now.
+--
+-- What a pin row is, written once: it lasts the pool's pin_ttl from now,
+-- and a pin taken again never ends sooner than it did. The puts write the
+-- upsert inline (their hot paths; alkblobs_put_many for a whole batch in
+-- key order); every copy of these two parts is marked @pin(expires) or
+-- @pin(again) and checked against these sources as the access rules'
+-- copies are (10-helpers.sql), with `pl` the pool row:
+-- @source pin(expires): clock_timestamp() + pl.pin_ttl
+-- @source pin(again): ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at)
 CREATE FUNCTION alkblobs.pin_row(p alkblobs.pools, k bytea, o text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl ALIAS FOR p;
 BEGIN
     INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-    VALUES (p.id, k, session_user, o, clock_timestamp() + p.pin_ttl)
-    ON CONFLICT (pool, key, role, owner)
-    DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+    VALUES (pl.id, k, session_user, o, /* @pin(expires) */ clock_timestamp() + pl.pin_ttl /* @end */)
+    /* @pin(again) */ ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at) /* @end */;
 END $$;
 
 -- Locks the entry row FOR KEY SHARE if it exists: waits while the executor
@@ -143,8 +153,8 @@ BEGIN
             END IF;
             IF $4 IS NOT NULL THEN
                 INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-                VALUES (pl.id, $2, me, $4, clock_timestamp() + pl.pin_ttl)
-                ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+                VALUES (pl.id, $2, me, $4, /* @pin(expires) */ clock_timestamp() + pl.pin_ttl /* @end */)
+                /* @pin(again) */ ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at) /* @end */;
             END IF;
             RETURN true;
         END IF;
@@ -159,8 +169,8 @@ BEGIN
             DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
             IF $4 IS NOT NULL THEN
                 INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-                VALUES (pl.id, $2, me, $4, clock_timestamp() + pl.pin_ttl)
-                ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+                VALUES (pl.id, $2, me, $4, /* @pin(expires) */ clock_timestamp() + pl.pin_ttl /* @end */)
+                /* @pin(again) */ ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at) /* @end */;
             END IF;
             RETURN false;
         END IF;
@@ -558,10 +568,10 @@ BEGIN
     END IF;
     IF $4 IS NOT NULL THEN
         INSERT INTO alkblobs.pins AS pn (pool, key, role, owner, expires_at)
-        SELECT pl.id, u.k, session_user, $4, clock_timestamp() + pl.pin_ttl
+        SELECT pl.id, u.k, session_user, $4, /* @pin(expires) */ clock_timestamp() + pl.pin_ttl /* @end */
           FROM (SELECT DISTINCT unnest($2)) u(k)
          ORDER BY u.k  -- pin rows locked in key order, as the entries
-        ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at);
+        /* @pin(again) */ ON CONFLICT ON CONSTRAINT pins_pkey DO UPDATE SET expires_at = greatest(pn.expires_at, EXCLUDED.expires_at) /* @end */;
     END IF;
     IF cardinality(created) = n THEN
         RETURN array_fill(true, ARRAY[n]);

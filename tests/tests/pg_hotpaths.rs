@@ -307,3 +307,94 @@ async fn put_many_reports_repeated_and_present_keys_once() {
     );
     assert_eq!(count().await, 5);
 }
+
+/// The pin upsert, written inline on every put path (one source:
+/// `-- @source pin(…)` in 30-puts-and-pins.sql): a new pin lasts the pool's
+/// pin_ttl from now, and a pin taken again — by a put of a new key, a put
+/// of a present one, a batch, a large object's commit or alkblobs_pin —
+/// never ends sooner than it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_put_path_pins_for_the_pools_ttl_and_never_shortens_a_pin() {
+    let c = connect().await;
+    let p = alkblobs_tests::pg::pool(&c, "pinttl", "60 seconds", "1 hour").await;
+    // Seconds left on the caller's pin of `k`.
+    let left = async |k: &[u8]| -> f64 {
+        c.query_one(
+            "SELECT extract(epoch FROM pn.expires_at - clock_timestamp())::float8 \
+               FROM alkblobs.pins pn JOIN alkblobs.pools pl ON pl.id = pn.pool \
+              WHERE pl.name = $1 AND pn.key = $2 AND pn.owner = 'o'",
+            &[&p, &k],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    let (one, many, lo) = (key(b"one"), key(b"many"), key(b"lo"));
+    c.execute("SELECT alkblobs_put($1, $2, 'one', 'o')", &[&p, &one])
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_put_many($1, ARRAY[$2::bytea], ARRAY['many'::bytea], 'o')",
+        &[&p, &many],
+    )
+    .await
+    .unwrap();
+    let mut t = connect().await;
+    let tx = t.transaction().await.unwrap();
+    let o: u32 = tx
+        .query_one("SELECT alkblobs_lo_create($1)", &[&p])
+        .await
+        .unwrap()
+        .get(0);
+    tx.execute("SELECT alkblobs_lo_write($1, 0, 'lo')", &[&o])
+        .await
+        .unwrap();
+    tx.execute("SELECT alkblobs_lo_commit($1, $2, $3, 'o')", &[&p, &lo, &o])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    for k in [&one, &many, &lo] {
+        let l = left(k).await;
+        assert!(
+            (3590.0..=3600.0).contains(&l),
+            "a new pin lasts pin_ttl: {l} s left"
+        );
+    }
+    // A shorter TTL from now on: taking each pin again, by every path,
+    // leaves it as long as it was.
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, pin_ttl => '10 seconds')",
+        &[&p],
+    )
+    .await
+    .unwrap();
+    for sql in [
+        "SELECT alkblobs_put($1, $2, 'one', 'o')",
+        "SELECT alkblobs_pin($1, $2, 'o')",
+    ] {
+        c.execute(sql, &[&p, &one]).await.unwrap();
+    }
+    c.execute(
+        "SELECT alkblobs_put_many($1, ARRAY[$2::bytea, $3], ARRAY['many'::bytea, 'one'], 'o')",
+        &[&p, &many, &one],
+    )
+    .await
+    .unwrap();
+    c.execute("SELECT alkblobs_pin($1, $2, 'o')", &[&p, &lo])
+        .await
+        .unwrap();
+    for k in [&one, &many, &lo] {
+        let l = left(k).await;
+        assert!(l > 3500.0, "a pin taken again ended sooner: {l} s left");
+    }
+    // And a new pin now lasts the new TTL.
+    let fresh = key(b"fresh");
+    c.execute("SELECT alkblobs_put($1, $2, 'fresh', 'o')", &[&p, &fresh])
+        .await
+        .unwrap();
+    let l = left(&fresh).await;
+    assert!(
+        (0.0..=10.0).contains(&l),
+        "a new pin lasts the new pin_ttl: {l} s left"
+    );
+}
