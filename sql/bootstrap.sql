@@ -163,9 +163,10 @@ CREATE TABLE alkblobs.liveness (
     -- Rows may have reached the table without this pool's guard (DDL that
     -- could not be checked on the spot: alkblobs.on_ddl_end): 'recheck'
     -- makes the next sweep check every row and abort if one names content
-    -- the pool does not hold; 'seed' (set by the 0.3.0 -> 0.4.0 upgrade of
-    -- a local-tier pool) records the keys its rows name as published files,
-    -- which is what 0.3.0 took them to be.
+    -- the pool does not hold. ('seed' was set by the 0.3.0 -> 0.4.0 upgrade
+    -- of a local-tier pool, whose first sweep recorded the keys its rows
+    -- named as published files; since 0.8.0 its upgrade does that and
+    -- leaves 'recheck'.)
     pending       text CONSTRAINT pending_known CHECK (pending IN ('recheck', 'seed')),
     -- The state of the table's guard triggers (alkblobs.guard_state) when
     -- its rows were last known to be guarded (0.8.0): any ALTER TABLE that

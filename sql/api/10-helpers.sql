@@ -593,16 +593,12 @@ BEGIN
         END IF;
         IF r.pending IS NOT NULL THEN
             SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
-            IF r.pending = 'seed' THEN
-                PERFORM alkblobs.seed_files(pl, r.relid);
-            ELSE
-                BEGIN
-                    PERFORM alkblobs.refuse_absent(pl, r.relid);
-                EXCEPTION WHEN SQLSTATE 'AB002' THEN
-                    problem := format('%s has rows naming keys the pool does not hold (written while its guard was off or before it was registered): delete them, or put the content', r.relid::pg_catalog.regclass);
-                    RETURN;
-                END;
-            END IF;
+            BEGIN
+                PERFORM alkblobs.refuse_absent(pl, r.relid);
+            EXCEPTION WHEN SQLSTATE 'AB002' THEN
+                problem := format('%s has rows naming keys the pool does not hold (written while its guard was off or before it was registered): delete them, or put the content', r.relid::pg_catalog.regclass);
+                RETURN;
+            END;
             UPDATE alkblobs.liveness l SET pending = NULL, guard_seen = alkblobs.guard_state(r.relid)
              WHERE l.pool = p AND l.relid = r.relid;
         END IF;

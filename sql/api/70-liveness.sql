@@ -151,31 +151,11 @@ BEGIN
     END IF;
 END $$;
 
--- The 0.3.0 -> 0.4.0 upgrade of a local-tier pool: 0.3.0 took a key named
--- by a liveness row and held by no entry to be a file on the local tier;
--- record those as published files.
-CREATE FUNCTION alkblobs.seed_files(pl alkblobs.pools, rel oid) RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF pl.large_tier <> 'local' THEN
-        RETURN;
-    END IF;
-    EXECUTE format($q$
-        INSERT INTO alkblobs.files (pool, key, published)
-        SELECT DISTINCT $1, lv.key, true FROM %s lv
-         WHERE lv.key IS NOT NULL AND pg_catalog.length(lv.key) = 32
-           AND NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = $1 AND e.key = lv.key)
-        ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET published = true$q$, alkblobs.source_name(rel))
-      USING pl.id;
-END $$;
-
 -- A registered table that changed (ATTACH PARTITION brings in rows no
 -- guard saw; ENABLE TRIGGER after a DISABLE lets in rows written without
 -- it) must still name only held content. After every ALTER TABLE of a
 -- registered table or of a partition of one, the registration is marked
--- 'recheck' (a 'seed' of an upgrade too: rows may have arrived meanwhile),
--- and the next sweep, stage or claim checks every row under its lock and
+-- 'recheck', and the next sweep, stage or claim checks every row under its lock and
 -- aborts while one names content the pool does not hold. This trigger
 -- itself reads no user table (it runs inside anyone's DDL).
 CREATE FUNCTION alkblobs.on_ddl_end() RETURNS event_trigger

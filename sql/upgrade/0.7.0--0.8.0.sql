@@ -33,7 +33,10 @@
 --   TABLE (liveness.guard_seen; what the SQL-only flavour, which has no
 --   event triggers, relies on);
 -- * pg_cron schedules: alkblobs_schedule_cron / alkblobs_unschedule_cron,
---   the procedure alkblobs_cron_sweep they schedule, and alkblobs_flavour.
+--   the procedure alkblobs_cron_sweep they schedule, and alkblobs_flavour;
+-- * the 0.3.0 -> 0.4.0 migration of local-tier registrations (record the
+--   files their rows name) runs here, once, for any not yet swept since,
+--   and no longer in every sweep.
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool
@@ -69,3 +72,39 @@ ALTER TABLE alkblobs.pools ADD COLUMN seen_incarnation uuid, ADD COLUMN seen_sta
 ALTER TABLE alkblobs.liveness ADD COLUMN guard_seen text;
 ALTER TABLE alkblobs.schedule ADD COLUMN runner text NOT NULL DEFAULT 'worker'
     CONSTRAINT runner_known CHECK (runner IN ('worker', 'pg_cron'));
+
+-- The last registrations 0.4.0 marked 'seed' (local-tier pools upgraded
+-- from 0.3.0 and not swept since, which took a key named by a liveness
+-- row and held by no entry to be a published file): record those files
+-- now. The sweep no longer does (it was migration code on its hot path).
+-- Their rows are checked at the next use (guard_seen is new, so unknown).
+-- The table is read directly (its view, alkblobs.src_<oid>, is made at
+-- the first use): an ordinary or partitioned table with a bytea key and
+-- no row-level security, as registration validated, whose read runs
+-- nothing of its owner's.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT l.pool, l.relid FROM alkblobs.liveness l
+               JOIN alkblobs.pools p ON p.id = l.pool
+               JOIN pg_catalog.pg_class c ON c.oid = l.relid
+              WHERE l.pending = 'seed' AND p.large_tier = 'local'
+                AND c.relkind IN ('r', 'p') AND NOT c.relrowsecurity
+                AND EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                             WHERE a.attrelid = l.relid AND a.attname = 'key'
+                               AND a.atttypid = 'pg_catalog.bytea'::pg_catalog.regtype AND NOT a.attisdropped) LOOP
+        EXECUTE pg_catalog.format($q$
+            INSERT INTO alkblobs.files (pool, key, published)
+            SELECT DISTINCT $1, lv.key, true FROM %s lv
+             WHERE lv.key IS NOT NULL AND pg_catalog.length(lv.key) OPERATOR(pg_catalog.=) 32
+               AND NOT EXISTS (SELECT 1 FROM alkblobs.entries e
+                                WHERE e.pool OPERATOR(pg_catalog.=) $1 AND e.key OPERATOR(pg_catalog.=) lv.key)
+            ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET published = true$q$, r.relid::pg_catalog.regclass)
+          USING r.pool;
+    END LOOP;
+    -- Seeded, or (not such a table any more) left to the row check, which
+    -- refuses the sweep while a row names nothing held: closed.
+    UPDATE alkblobs.liveness l SET pending = 'recheck' WHERE l.pending = 'seed';
+END $$;
+DROP FUNCTION alkblobs.seed_files(alkblobs.pools, oid);

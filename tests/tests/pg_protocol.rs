@@ -517,3 +517,80 @@ async fn bad_input_from_a_client_gets_sqlstates_and_changes_nothing() {
         .get(0);
     assert_eq!(entries, 0);
 }
+
+/// A local-tier pool of 0.3.0, whose liveness rows name files (keys no
+/// entry holds), upgraded to this version without a sweep in between:
+/// the upgrade records those files (the 0.4.0 migration, which the sweep
+/// no longer runs), so the first sweep and claim keep them and nothing
+/// aborts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_tier_pool_of_0_3_0_keeps_the_files_its_rows_name_through_the_upgrade() {
+    let admin = connect().await;
+    let db = format!("alkblobs_upgrade_local_{}", std::process::id());
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    let url = alkblobs_tests::pg::url();
+    let base = url.rsplit_once('/').map(|(b, _)| b).unwrap();
+    let (c, conn) = tokio_postgres::connect(&format!("{base}/{db}"), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let task = tokio::spawn(conn);
+    let file = alkblobs_tests::pg::key(b"a file on the shared tier");
+    c.batch_execute(
+        "CREATE EXTENSION alkblobs VERSION '0.3.0';
+         SELECT alkblobs_create_pool('l', '0 seconds', '60 seconds', 'local');
+         CREATE TABLE l_refs (key bytea PRIMARY KEY);
+         SELECT alkblobs_register_liveness('l', 'l_refs');",
+    )
+    .await
+    .unwrap();
+    c.execute("INSERT INTO l_refs VALUES ($1)", &[&file])
+        .await
+        .unwrap();
+    c.batch_execute("ALTER EXTENSION alkblobs UPDATE")
+        .await
+        .unwrap();
+    let published: Option<bool> = c
+        .query_opt(
+            "SELECT f.published FROM alkblobs.files f JOIN alkblobs.pools p ON p.id = f.pool \
+              WHERE p.name = 'l' AND f.key = $1",
+            &[&file],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0));
+    assert_eq!(published, Some(true), "the upgrade did not record the file");
+    let pending: Option<String> = c
+        .query_one("SELECT pending FROM alkblobs.liveness", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pending.as_deref(), Some("recheck"));
+    for _ in 0..2 {
+        let r = c
+            .query_one("SELECT aborted FROM alkblobs_sweep('l')", &[])
+            .await
+            .unwrap();
+        assert_eq!(r.get::<_, Option<String>>(0), None);
+        let claimed: Vec<Vec<u8>> = c
+            .query("SELECT * FROM alkblobs_claim_local('l')", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(!claimed.contains(&file), "a file a row names was claimed");
+    }
+    drop(c);
+    task.abort();
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
