@@ -324,14 +324,20 @@ CREATE TABLE alkblobs.leases (
 );
 
 -- This installation of the extension (0.8.0): one row, made by CREATE
--- EXTENSION and never dumped, so a pool restored from a dump names
--- another one (alkblobs.adopt).
+-- EXTENSION (the library flavour never dumps it) or by the SQL-only
+-- install (whose dump carries it: relid tells), so a pool restored from a
+-- dump names another one (alkblobs.adopt).
 CREATE TABLE alkblobs.incarnation (
     id         uuid NOT NULL DEFAULT gen_random_uuid(),
     created_at timestamptz NOT NULL DEFAULT now(),
-    one        boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (one)
+    one        boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (one),
+    -- This table's own OID when the row was made. A logical restore keeps
+    -- the row where it copies it (the SQL-only flavour's tables are
+    -- ordinary ones, which pg_dump dumps) but never the OID, so a row
+    -- whose relid is not the table's is a restored one (alkblobs.incarnation_id).
+    relid      oid NOT NULL
 );
-INSERT INTO alkblobs.incarnation DEFAULT VALUES;
+INSERT INTO alkblobs.incarnation (relid) VALUES ('alkblobs.incarnation'::regclass);
 
 REVOKE ALL ON ALL TABLES IN SCHEMA alkblobs FROM PUBLIC;
 

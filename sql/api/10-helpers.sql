@@ -86,15 +86,26 @@ BEGIN
     END LOOP;
 END $$;
 
+-- This installation's incarnation (alkblobs.incarnation), or NULL while
+-- its row is one a restore copied from another installation (its relid is
+-- not the table's OID; the SQL-only flavour's dump carries the row): no
+-- pool has run under this installation then, and alkblobs.adopt makes a
+-- new one.
+CREATE FUNCTION alkblobs.incarnation_id() RETURNS uuid
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT i.id FROM alkblobs.incarnation i WHERE i.relid OPERATOR(pg_catalog.=) 'alkblobs.incarnation'::pg_catalog.regclass
+$$;
+
 -- Whether fleet pool `pl` has run under this server start and this
--- incarnation of the extension (alkblobs.incarnation: made by CREATE
--- EXTENSION, never dumped, so a restored pool names another one).
+-- incarnation of the extension (alkblobs.incarnation_id: a restored pool
+-- names another one).
 CREATE FUNCTION alkblobs.adopted(pl alkblobs.pools) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RETURN pl.mode = 'single'
-        OR (pl.seen_incarnation = (SELECT i.id FROM alkblobs.incarnation i)
+        OR (pl.seen_incarnation = alkblobs.incarnation_id()
             AND pl.seen_start = pg_catalog.pg_postmaster_start_time());
 END $$;
 
@@ -126,9 +137,39 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pins bigint;
     marks bigint;
+    restored boolean;
+    v record;
 BEGIN
     IF alkblobs.adopted(pl) THEN
         RETURN pl;
+    END IF;
+    restored := pl.seen_incarnation IS DISTINCT FROM alkblobs.incarnation_id();
+    -- A row a restore copied (SQL-only flavour): this installation gets an
+    -- incarnation of its own, once (a concurrent adoption of another pool
+    -- waits for this row, then finds it current and changes nothing).
+    UPDATE alkblobs.incarnation i SET id = gen_random_uuid(), created_at = now(),
+                                      relid = 'alkblobs.incarnation'::regclass
+     WHERE i.relid <> 'alkblobs.incarnation'::regclass;
+    IF restored THEN
+        -- A restored lease names a backend of the other server (its pid
+        -- may be a live one here); a lease only decides which client does
+        -- the work (every sweep call takes the sweeper lock itself).
+        DELETE FROM alkblobs.leases ls WHERE ls.pool = pl.id;
+        -- The views a restore brought back under their tables' old OIDs
+        -- (src_<old>): no registration reads them (each gets the view of
+        -- its new OID at its first use), and they would keep a table from
+        -- being dropped after it is unregistered.
+        FOR v IN SELECT c.relname FROM pg_catalog.pg_class c
+                  WHERE c.relnamespace = 'alkblobs'::pg_catalog.regnamespace AND c.relkind = 'v'
+                    AND c.relname ~ '^src_[0-9]+$'
+                    AND NOT EXISTS (SELECT 1 FROM alkblobs.liveness l
+                                     WHERE 'src_' || l.relid::oid::text = c.relname) LOOP
+            BEGIN
+                EXECUTE pg_catalog.format('DROP VIEW alkblobs.%I', v.relname);
+            EXCEPTION WHEN insufficient_privilege OR dependent_objects_still_exist OR lock_not_available THEN
+                RAISE WARNING 'alkblobs: the stale view alkblobs.% (restored from a dump) stays: %', v.relname, SQLERRM;
+            END;
+        END LOOP;
     END IF;
     -- Rows restored from a dump taken before 0.8.0 name their role by OID
     -- (now text): map those to the role's name, so its pins renew again.
@@ -156,10 +197,9 @@ BEGIN
      WHERE mk.pool = pl.id AND mk.mark_end < clock_timestamp();
     GET DIAGNOSTICS marks = ROW_COUNT;
     RAISE LOG 'alkblobs pool "%": first use since %: % pins get a fresh TTL (%), % marks a fresh window',
-              pl.name, CASE WHEN pl.seen_incarnation IS DISTINCT FROM (SELECT i.id FROM alkblobs.incarnation i)
-                            THEN 'a restore from a dump' ELSE 'the server started' END,
+              pl.name, CASE WHEN restored THEN 'a restore from a dump' ELSE 'the server started' END,
               pins, pl.pin_ttl, marks;
-    UPDATE alkblobs.pools p SET seen_incarnation = (SELECT i.id FROM alkblobs.incarnation i),
+    UPDATE alkblobs.pools p SET seen_incarnation = alkblobs.incarnation_id(),
                                 seen_start = pg_catalog.pg_postmaster_start_time()
      WHERE p.id = pl.id
     RETURNING * INTO pl;

@@ -174,7 +174,7 @@ BEGIN
                                 sweep_every, history_keep, warn_after, critical_after, seen_incarnation, seen_start)
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'),
-            (SELECT i.id FROM alkblobs.incarnation i), pg_catalog.pg_postmaster_start_time());
+            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time());
     INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));

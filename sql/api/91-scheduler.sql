@@ -217,6 +217,10 @@ BEGIN
     -- (cron.database_name, which only a superuser may read): kept if that
     -- is this one.
     cmd := format('CALL %I.alkblobs_cron_sweep(%L)', '@extschema@', $1);
+    -- A job of that name made before (by a restore too, whose job names the
+    -- server it was dumped from: pg_cron keeps a job's host when it is
+    -- scheduled again under its name) is replaced by one made here.
+    PERFORM @extschema@.alkblobs_unschedule_cron($1);
     BEGIN
         EXECUTE 'SELECT cron.schedule_in_database($1, $2, $3, $4)' INTO job
           USING 'alkblobs sweeps of ' || $1, cadence, cmd, current_database();

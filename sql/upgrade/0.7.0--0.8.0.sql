@@ -60,9 +60,14 @@ ALTER TABLE alkblobs.uploads ALTER COLUMN role TYPE name USING pg_catalog.pg_get
 CREATE TABLE alkblobs.incarnation (
     id         uuid NOT NULL DEFAULT gen_random_uuid(),
     created_at timestamptz NOT NULL DEFAULT now(),
-    one        boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (one)
+    one        boolean PRIMARY KEY DEFAULT true CONSTRAINT one_row CHECK (one),
+    -- This table's own OID when the row was made. A logical restore keeps
+    -- the row where it copies it (the SQL-only flavour's tables are
+    -- ordinary ones, which pg_dump dumps) but never the OID, so a row
+    -- whose relid is not the table's is a restored one (alkblobs.incarnation_id).
+    relid      oid NOT NULL
 );
-INSERT INTO alkblobs.incarnation DEFAULT VALUES;
+INSERT INTO alkblobs.incarnation (relid) VALUES ('alkblobs.incarnation'::regclass);
 -- Left NULL: the first sweep after the upgrade adopts every pool (the
 -- package upgrade before it restarted the server, or will).
 ALTER TABLE alkblobs.pools ADD COLUMN seen_incarnation uuid, ADD COLUMN seen_start timestamptz;

@@ -676,3 +676,204 @@ async fn pg_cron_sweeps_a_pool_scheduled_with_one_call() {
         .get(0);
     assert_eq!(jobs, 0);
 }
+
+/// A dump of a busy SQL-only install, taken and restored by its installing
+/// role alone (`scripts/sql-only-backup.py`), into another database of the
+/// same server — where the dump's copy of `alkblobs.incarnation` would
+/// otherwise pass for this installation's and the restored pool would not
+/// be adopted — after every pin lapsed: the first sweeps delete only the
+/// garbage; pinned content, a registered table's content and its guard,
+/// the grants and a staged row's window come back.
+#[tokio::test]
+async fn a_dump_restored_by_the_installer_into_another_database_keeps_what_was_protected() {
+    let c = connect().await;
+    let (src, installer, app) = fresh_db(&c, "bksrc").await;
+    let dst = src.replace("bksrc", "bkdst");
+    for sql in [
+        format!("DROP DATABASE IF EXISTS {dst} WITH (FORCE)"),
+        format!("CREATE DATABASE {dst} OWNER {installer}"),
+        format!("ALTER ROLE {app} NOCREATEROLE"),
+    ] {
+        c.batch_execute(&sql).await.unwrap();
+    }
+    let out = psql_file(&url_as(&installer, &src), &script());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The busy pool, as its application role makes it.
+    let s = connect_to(&url_as("postgres", &src)).await;
+    s.batch_execute(&format!(
+        "GRANT alkblobs_admin, alkblobs_writer TO {app};
+         GRANT CREATE ON SCHEMA public TO {app};
+         SELECT alkblobs_create_pool('p', '0 seconds', '2 seconds');
+         SELECT alkblobs_create_pool('w', '1 hour', '60 seconds');
+         SELECT alkblobs_grant_pool('p', '{app}', 'admin');
+         SELECT alkblobs_grant_pool('w', '{app}', 'admin');"
+    ))
+    .await
+    .unwrap();
+    let a = connect_to(&url_as(&app, &src)).await;
+    let (pinned, held, garbage, staged) = (
+        key(b"pinned"),
+        key(b"held"),
+        key(b"garbage"),
+        key(b"staged"),
+    );
+    for (k, v) in [(&pinned, "pinned"), (&held, "held"), (&garbage, "garbage")] {
+        a.execute(
+            "SELECT alkblobs_put('p', $1, $2::text::bytea, 'node')",
+            &[k, &v],
+        )
+        .await
+        .unwrap();
+    }
+    a.execute("SELECT alkblobs_put('w', $1, 'staged', 'node')", &[&staged])
+        .await
+        .unwrap();
+    a.batch_execute(
+        "CREATE TABLE refs (key bytea PRIMARY KEY);
+         SELECT alkblobs_register_liveness('p', 'refs');",
+    )
+    .await
+    .unwrap();
+    a.execute("INSERT INTO refs VALUES ($1)", &[&held])
+        .await
+        .unwrap();
+    for k in [&held, &garbage] {
+        a.execute("SELECT alkblobs_unpin('p', $1, 'node')", &[k])
+            .await
+            .unwrap();
+    }
+    a.execute("SELECT alkblobs_unpin('w', $1, 'node')", &[&staged])
+        .await
+        .unwrap();
+    // `w`'s key staged, its window an hour long.
+    let r = s
+        .query_one("SELECT staged FROM alkblobs_sweep('w')", &[])
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, i64>(0), 1);
+    // `pinned` is pinned at the dump (renewed just before it).
+    a.execute("SELECT alkblobs_pin('p', $1, 'node')", &[&pinned])
+        .await
+        .unwrap();
+    let backup = std::env::temp_dir().join(format!("alkblobs-bk-{}", std::process::id()));
+    let backup = backup.to_str().unwrap();
+    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/sql-only-backup.py");
+    let ran = Command::new(tool)
+        .args(["dump", &url_as(&installer, &src), backup])
+        .output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "dump: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    // The installer holds no membership it did not have.
+    let members: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member \
+              WHERE r.rolname = $1",
+            &[&installer],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(members, 0, "the dump left the installer a member of a role");
+    // Longer than the pin TTL: every pin has lapsed when the restore is used.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let ran = Command::new(tool)
+        .args(["restore", backup, &url_as(&installer, &dst)])
+        .output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "restore: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let d = connect_to(&url_as("postgres", &dst)).await;
+    let incarnations: Vec<String> = {
+        let mut v = Vec::new();
+        for cl in [&s, &d] {
+            v.push(
+                cl.query_one("SELECT id::text FROM alkblobs.incarnation", &[])
+                    .await
+                    .unwrap()
+                    .get(0),
+            );
+        }
+        v
+    };
+    assert_eq!(
+        incarnations[0], incarnations[1],
+        "the dump carries the row (what this test is about)"
+    );
+    let mut deleted = 0;
+    for _ in 0..3 {
+        let r = d
+            .query_one("SELECT aborted, deleted FROM alkblobs_sweep('p')", &[])
+            .await
+            .unwrap();
+        assert_eq!(r.get::<_, Option<String>>(0), None);
+        deleted += r.get::<_, i64>(1);
+        let r = d
+            .query_one("SELECT aborted, deleted FROM alkblobs_sweep('w')", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            r.get::<_, i64>(1),
+            0,
+            "a staged row lost its window in the restore"
+        );
+    }
+    assert_eq!(deleted, 1, "only the garbage goes");
+    for (pool, k) in [("p", &pinned), ("p", &held), ("w", &staged)] {
+        let n: i64 = d
+            .query_one("SELECT count(*) FROM alkblobs_stat($1, $2)", &[&pool, k])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 1, "a key protected at the dump is gone from {pool}");
+    }
+    let n: i64 = d
+        .query_one(
+            "SELECT count(*) FROM alkblobs.incarnation WHERE id::text <> $1",
+            &[&incarnations[0]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        n, 1,
+        "the restored installation has an incarnation of its own now"
+    );
+    // The guard and the grants came back: the application role writes
+    // through them, and a row naming nothing is refused.
+    let ad = connect_to(&url_as(&app, &dst)).await;
+    let e = ad
+        .execute("INSERT INTO refs VALUES ($1)", &[&key(b"never put")])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "AB002", "{e}");
+    ad.execute(
+        "SELECT alkblobs_put('p', $1, 'new', 'node')",
+        &[&key(b"new")],
+    )
+    .await
+    .unwrap();
+    // The stale view of the old table OID went at adoption: unregistered,
+    // the table drops without CASCADE.
+    ad.batch_execute("SELECT alkblobs_unregister_liveness('p', 'refs'); DROP TABLE refs")
+        .await
+        .unwrap();
+    drop((a, s, d, ad));
+    for f in ["dump", "roles.sql", "owners", "list"] {
+        let _ = std::fs::remove_file(format!("{backup}.{f}"));
+    }
+    c.batch_execute(&format!("DROP DATABASE {dst} WITH (FORCE)"))
+        .await
+        .unwrap();
+    drop_fresh(&c, &src, &installer, &app).await;
+}
