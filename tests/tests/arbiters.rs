@@ -131,3 +131,47 @@ async fn a_shared_engine_cannot_be_swept_by_an_in_process_arbiter() {
         .unwrap();
     assert_eq!(report.aborted, None);
 }
+
+/// A SQLite kv engine handed to `StoreBuilder::kv` behind an `Arc` (or a
+/// `Box`) is still paired with its database's durable tables: roots given
+/// then survive a restart. (Until the engine said so itself,
+/// `Backend::sqlite_database`, a type check saw only the `Arc` and kept
+/// the roots in process: a restart forgot them, and the next sweep could
+/// collect what they protected.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_engine_behind_a_pointer_keeps_its_roots_durable() {
+    for boxed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, large) = Store::dir_paths(dir.path());
+        let kv = SqliteBackend::open(&db, SqliteOptions::default())
+            .await
+            .unwrap();
+        let local = LocalBackend::open(&large, LocalOptions::default())
+            .await
+            .unwrap();
+        let builder = if boxed {
+            Store::builder().kv(Box::new(kv))
+        } else {
+            Store::builder().kv(Arc::new(kv))
+        };
+        let store = builder.large(local).build().unwrap();
+        let put = store
+            .put(alkblobs::conformance::data(1, 100))
+            .await
+            .unwrap();
+        store.add_roots(&[put.key]).await.unwrap();
+        drop(put);
+        store.close().await.unwrap();
+        drop(store);
+        let store = Store::open_dir(dir.path()).await.unwrap();
+        let roots: Vec<alkblobs::Key> = futures::TryStreamExt::try_collect(store.roots())
+            .await
+            .unwrap();
+        assert_eq!(
+            roots.len(),
+            1,
+            "boxed={boxed}: the root was kept in process only"
+        );
+        store.close().await.unwrap();
+    }
+}

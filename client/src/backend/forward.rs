@@ -60,6 +60,9 @@ macro_rules! forward_backend {
             async fn close(&self) -> Result<()> {
                 (**self).close().await
             }
+            fn sqlite_database(&self) -> Option<&super::sqlite::SqliteBackend> {
+                (**self).sqlite_database()
+            }
         }
 
         #[async_trait]

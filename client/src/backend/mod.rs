@@ -248,6 +248,18 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     async fn close(&self) -> Result<()> {
         Ok(())
     }
+
+    /// An optional ability: the SQLite database this engine keeps its
+    /// entries in, when it has one ([`sqlite::SqliteBackend`] answers
+    /// itself). [`crate::StoreBuilder::kv`] then keeps the single-node
+    /// arbiter's durable tables (staged candidates, roots) in that same
+    /// database, as [`crate::StoreBuilder::sqlite`] does, so roots survive
+    /// a restart and a put clears its key's staged row in its own
+    /// transaction. `None` (the default) for every other engine; a wrapper
+    /// that forwards it (as `Arc` and `Box` do) keeps the pairing.
+    fn sqlite_database(&self) -> Option<&sqlite::SqliteBackend> {
+        None
+    }
 }
 
 /// A large-tier engine: a [`Backend`] that can hold blobs far bigger than

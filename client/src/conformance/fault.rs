@@ -186,6 +186,9 @@ impl<E: Backend + ?Sized> Backend for FaultBackend<E> {
     async fn close(&self) -> Result<()> {
         self.inner.close().await
     }
+    fn sqlite_database(&self) -> Option<&crate::backend::sqlite::SqliteBackend> {
+        self.inner.sqlite_database()
+    }
 }
 
 #[async_trait]

@@ -73,15 +73,18 @@ impl Default for StoreBuilder {
 impl StoreBuilder {
     /// The kv engine (required). Pass an `Arc` to share an engine value.
     ///
-    /// A [`SqliteBackend`] given here is paired with its database's durable
-    /// tables exactly as [`StoreBuilder::sqlite`] does; any other engine
-    /// leaves the single-node arbiter's staged candidates and roots in
-    /// process (or in the tables of an arbiter given with
+    /// An engine with a SQLite database ([`Backend::sqlite_database`]: a
+    /// [`SqliteBackend`], also behind `Arc` or `Box`) is paired with its
+    /// database's durable tables exactly as [`StoreBuilder::sqlite`] does;
+    /// any other engine leaves the single-node arbiter's staged candidates
+    /// and roots in process (or in the tables of an arbiter given with
     /// [`StoreBuilder::arbiter`]).
     pub fn kv(mut self, engine: impl Backend + 'static) -> Self {
-        let any: &dyn std::any::Any = &engine;
-        if let Some(db) = any.downcast_ref::<SqliteBackend>() {
-            return self.sqlite(db.clone());
+        if let Some(db) = engine.sqlite_database() {
+            let db = db.clone();
+            self.kv = Some(Arc::new(engine));
+            self.arbiter = ArbiterChoice::Sqlite(db);
+            return self;
         }
         self.kv = Some(Arc::new(engine));
         if matches!(self.arbiter, ArbiterChoice::Sqlite(_)) {

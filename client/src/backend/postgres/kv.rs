@@ -156,4 +156,8 @@ impl Backend for PostgresBackend {
         self.pg.close();
         Ok(())
     }
+
+    fn sqlite_database(&self) -> Option<&crate::backend::sqlite::SqliteBackend> {
+        None
+    }
 }

@@ -178,6 +178,10 @@ impl Backend for PgLoBackend {
         self.pg.close();
         Ok(())
     }
+
+    fn sqlite_database(&self) -> Option<&crate::backend::sqlite::SqliteBackend> {
+        None
+    }
 }
 
 #[async_trait]

@@ -9,6 +9,10 @@ impl Backend for SqliteBackend {
         "sqlite"
     }
 
+    fn sqlite_database(&self) -> Option<&SqliteBackend> {
+        Some(self)
+    }
+
     fn sharing(&self) -> Sharing {
         // A writable open holds the instance lock; a read-only one deletes
         // nothing.
