@@ -110,7 +110,11 @@ impl State {
         self.ops += 1;
         if self.cut_at == Some(self.ops) {
             self.write_image().expect("write the durable image");
-            std::fs::write(self.image.join(".cut"), self.ops.to_string()).expect("mark the cut");
+            // Written whole under another name, then renamed: the test
+            // polls for `.cut` and must never read it half-written.
+            let part = self.image.join(".cut.part");
+            std::fs::write(&part, self.ops.to_string()).expect("mark the cut");
+            std::fs::rename(&part, self.image.join(".cut")).expect("mark the cut");
             loop {
                 std::thread::park();
             }
