@@ -109,7 +109,7 @@ MUTATIONS = [
      "calls := calls OPERATOR(pg_catalog.+) 1;",
      "calls := calls + 1;",
      "ext",
-     [(PG_TESTS + ["--test", "pg_hardening", "--", "a_schema_before_pg_catalog"], {"ALKBLOBS_PG_URL": PG1})]),
+     [(PG_TESTS + ["--test", "pg_privileges", "--", "a_schema_before_pg_catalog"], {"ALKBLOBS_PG_URL": PG1})]),
     ("pin-again",
      "a pin taken again takes the new expiry even when it is sooner (the one source of every put path's pin upsert)",
      "sql/api/30-puts-and-pins.sql",

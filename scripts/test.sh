@@ -8,16 +8,18 @@
 #      that loses unsynced writes) and GC race tests, the CLI;
 #   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
 #      runs the golden SQL tests (scripts/regress.sh), the PostgreSQL race,
-#      protocol, hardening and audit suites and the engine conformance
-#      suites over real connections;
+#      protocol, privilege, liveness-registration, local-tier, argument and
+#      randomized suites and the engine conformance suites over real
+#      connections;
 #   5. starts a second cluster configured as a server nobody reconfigured
 #      (no shared_preload_libraries): a pg_dump of busy pools restored into
 #      it from the first, then CREATE EXTENSION and the engine and fleet
 #      suites there;
 #   6. a third cluster like a managed server (pg_cron preloaded, the
 #      library never loaded): the SQL-only install script run by a
-#      non-superuser, the SQL-only suite and the engine, fleet, race and
-#      hardening suites against it;
+#      non-superuser, the SQL-only suite and the engine, fleet, race,
+#      privilege, liveness-registration, local-tier, argument and randomized
+#      suites against it;
 #   7. the engine suites again through a transaction-mode pgbouncer
 #      (scripts/pgbouncer.sh), a server restart and an outage;
 #   8. the Debian package: the previous release's (built from git history)
@@ -75,8 +77,8 @@ echo "extension created in $url"
 step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
-step "PostgreSQL race, protocol, hardening and engine suites"
-ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_hardening --test pg_audit --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring
+step "PostgreSQL race, protocol, privilege, liveness-registration, local-tier, argument, randomized and engine suites"
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_pg
 
 step "a second cluster, configured as nobody reconfigured it (no shared_preload_libraries): restores into it, CREATE EXTENSION, the engine and fleet suites"
@@ -89,10 +91,10 @@ ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_URL_OTHER="$other" cargo test -p alkblobs-tes
 ALKBLOBS_PG_URL="$other" ALKBLOBS_PG_CA=$(other_pg ca) cargo test -p alkblobs-tests --features pg --test pg_default_server --test pg_engines --test pg_fleet
 other_pg stop
 
-step "a third cluster, like a managed server: pg_cron preloaded, the library never loaded; the SQL-only install run by a non-superuser with CREATEROLE, then the engine, fleet, race, hardening and audit suites against it"
+step "a third cluster, like a managed server: pg_cron preloaded, the library never loaded; the SQL-only install run by a non-superuser with CREATEROLE, then the engine, fleet, race, privilege, liveness-registration, local-tier, argument and randomized suites against it"
 trap 'scripts/sql-only-cluster.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
 managed_env=$(scripts/sql-only-cluster.sh start)
-env $managed_env cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_engines --test pg_fleet --test pg_races --test pg_hardening --test pg_audit
+env $managed_env cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_engines --test pg_fleet --test pg_races --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized
 scripts/sql-only-cluster.sh stop
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"

@@ -444,7 +444,7 @@ END $$;
 -- DEFINER, and it runs as whoever calls it, a superuser too, under the
 -- caller's search_path: so every function it calls and every operator it
 -- uses is schema-qualified, OPERATOR(pg_catalog.+) and all, and a schema
--- placed before pg_catalog cannot redirect any of it. pg_hardening checks
+-- placed before pg_catalog cannot redirect any of it. pg_privileges checks
 -- that this is the only routine without a pinned search_path.)
 CREATE PROCEDURE @extschema@.alkblobs_sweep_all(pool text, max_unlinks integer DEFAULT 1000)
 LANGUAGE plpgsql AS $$

@@ -309,3 +309,73 @@ pub async fn connect_collecting(url: &str) -> (Client, std::sync::mpsc::Receiver
     });
     (client, rx)
 }
+
+/// The lowercase hex digits of `b` (for a `'\x…'::bytea` literal).
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// (deleted, aborted) of one `alkblobs_sweep` call, or its SQLSTATE alone
+/// (for tests that compare the error with a SQLSTATE).
+pub async fn try_sweep(c: &Client, pool: &str) -> Result<(i64, Option<String>), String> {
+    c.query_one("SELECT deleted, aborted FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .map_err(|e| sqlstate(&e))
+}
+
+/// (deleted, aborted) of one `alkblobs_sweep` call, or its SQLSTATE, a
+/// space and the whole error (`{e:?}`: message, detail and all), for tests
+/// that also look at what the error says, e.g. that no planted function
+/// ran.
+pub async fn try_sweep_detailed(c: &Client, pool: &str) -> Result<(i64, Option<String>), String> {
+    c.query_one("SELECT deleted, aborted FROM alkblobs_sweep($1)", &[&pool])
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .map_err(|e| format!("{} {e:?}", sqlstate(&e)))
+}
+
+/// Registers `table` as a liveness source of `pool`; panics if refused.
+pub async fn register(c: &Client, pool: &str, table: &str) {
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+}
+
+/// Registers `table` as a liveness source of `pool`: Ok, or the SQLSTATE
+/// of the refusal.
+pub async fn try_register(c: &Client, pool: &str, table: &str) -> Result<(), String> {
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| sqlstate(&e))
+}
+
+/// `INSERT INTO table VALUES (k)`: Ok, or the SQLSTATE.
+pub async fn reference(c: &Client, table: &str, k: &[u8]) -> Result<(), String> {
+    c.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&k])
+        .await
+        .map(|_| ())
+        .map_err(|e| sqlstate(&e))
+}
+
+/// Every key named in `table` (its column `key`) is present in `pool`.
+pub async fn all_named_keys_present(c: &Client, pool: &str, table: &str) -> bool {
+    let rows = c
+        .query(&format!("SELECT key FROM {table}"), &[])
+        .await
+        .unwrap();
+    for r in rows {
+        let k: Vec<u8> = r.get(0);
+        if !exists(c, pool, &k).await {
+            return false;
+        }
+    }
+    true
+}

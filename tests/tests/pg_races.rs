@@ -9,7 +9,12 @@
 
 #![cfg(feature = "pg")]
 
-use alkblobs_tests::pg::{connect, exists, garbage, key, pid, pool, put, sqlstate, waits_on_lock};
+use std::time::Duration;
+
+use alkblobs_tests::pg::{
+    connect, exists, garbage, key, pid, pool, put, sqlstate, table_name, try_register, try_sweep,
+    try_sweep_detailed, waits_on_lock,
+};
 use tokio_postgres::Client;
 
 /// (deleted, kept, aborted) of one sweep call.
@@ -795,6 +800,250 @@ async fn put_many_batches_whose_keys_are_deleted_under_them_at_every_isolation_l
         }
         for k in &asc_k {
             assert!(exists(&c, &pool, k).await, "{level}: a key is missing");
+        }
+    }
+}
+
+/// The executor's re-check must not treat a pin whose renewal is still
+/// uncommitted as expired: otherwise the renewal commits, `pins_held`
+/// confirms the pin, and the holder publishes deleted content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_renewal_in_flight_at_expiry_is_not_overtaken_by_the_executor() {
+    let obs = connect().await;
+    let r = connect().await;
+    let x = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "renew-exec", "1 second", "2 seconds").await;
+    let k = garbage(&obs, &pool, b"renewed while the executor decides").await;
+    // Stage it (window 1 s), then pin it (TTL 2 s) and wait out the window.
+    assert_eq!(try_sweep(&obs, &pool).await, Ok((0, None)));
+    // (A pin, not a put: a put would unstage the key.)
+    obs.query_one("SELECT alkblobs_pin($1, $2, 'node-a')", &[&pool, &k])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // node-a renews in a transaction that is still open at the pin's expiry.
+    r.batch_execute("BEGIN").await.unwrap();
+    let n: i64 = r
+        .query_one("SELECT alkblobs_renew($1, 'node-a')", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    // Someone else touches the entry, so an executor that waits on row
+    // locks is held up until after the expiry.
+    x.batch_execute("BEGIN").await.unwrap();
+    x.query_one("SELECT alkblobs_pin($1, $2, 'other')", &[&pool, &k])
+        .await
+        .unwrap();
+    let pool2 = pool.clone();
+    let sweeper = tokio::spawn(async move {
+        s.query_one(
+            "SELECT deleted FROM alkblobs_sweep($1, mark => false)",
+            &[&pool2],
+        )
+        .await
+        .map(|r| r.get::<_, i64>(0))
+        .map_err(|e| sqlstate(&e))
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    x.batch_execute("ROLLBACK").await.unwrap();
+    let swept = sweeper.await.unwrap();
+    r.batch_execute("COMMIT").await.unwrap();
+    let held = obs
+        .query(
+            "SELECT * FROM alkblobs_pins_held($1, 'node-a', $2)",
+            &[&pool, &vec![k.clone()]],
+        )
+        .await
+        .unwrap();
+    if !held.is_empty() {
+        assert!(
+            exists(&obs, &pool, &k).await,
+            "pins_held confirms a pin on deleted content (sweep {swept:?})"
+        );
+    }
+}
+
+/// A writer pinning in descending key order while the executor locks in
+/// ascending order must not deadlock; the executor passes over what is
+/// locked and leaves it staged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writer_locking_in_another_order_does_not_deadlock_the_executor() {
+    let obs = connect().await;
+    let w = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "deadlock", "0 seconds", "60 seconds").await;
+    let mut ks = [
+        garbage(&obs, &pool, b"deadlock one").await,
+        garbage(&obs, &pool, b"deadlock two").await,
+    ];
+    ks.sort();
+    w.batch_execute("BEGIN").await.unwrap();
+    w.query_one("SELECT alkblobs_pin($1, $2, 'w')", &[&pool, &ks[1]])
+        .await
+        .unwrap();
+    let s_pid = pid(&s).await;
+    let pool2 = pool.clone();
+    let sweeper = tokio::spawn(async move { try_sweep(&s, &pool2).await });
+    // Pre-hardening the executor holds ks[0] and waits for ks[1] here.
+    let _ = tokio::time::timeout(Duration::from_secs(2), waits_on_lock(&obs, s_pid)).await;
+    let pinned = w
+        .query_one("SELECT alkblobs_pin($1, $2, 'w')", &[&pool, &ks[0]])
+        .await
+        .map(|r| r.get::<_, bool>(0))
+        .map_err(|e| sqlstate(&e));
+    let wc = w.batch_execute("COMMIT").await.map_err(|e| sqlstate(&e));
+    let swept = sweeper.await.unwrap();
+    assert_ne!(pinned, Err("40P01".into()), "the writer deadlocked");
+    assert_ne!(swept, Err("40P01".into()), "the sweep deadlocked");
+    wc.unwrap();
+    assert_eq!(
+        swept,
+        Ok((1, None)),
+        "the free key goes, the locked one waits"
+    );
+    assert_eq!(pinned, Ok(false), "the pin found ks[0] collected");
+    assert!(exists(&obs, &pool, &ks[1]).await);
+}
+
+/// An idle-in-transaction pinner does not stall the sweep: the sweep
+/// returns at once, deletes every other dead key and leaves the held one
+/// staged for a later call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_pinner_does_not_stall_the_sweep() {
+    let obs = connect().await;
+    let w = connect().await;
+    let s = connect().await;
+    let pool = pool(&obs, "idle-pinner", "0 seconds", "60 seconds").await;
+    let mut ks = Vec::new();
+    for i in 0..20 {
+        ks.push(garbage(&obs, &pool, format!("idle pinner {i}").as_bytes()).await);
+    }
+    ks.sort();
+    let held = ks[10].clone();
+    w.batch_execute("BEGIN").await.unwrap();
+    w.query_one("SELECT alkblobs_pin($1, $2, 'idle')", &[&pool, &held])
+        .await
+        .unwrap();
+    s.batch_execute("SET statement_timeout = '5s'")
+        .await
+        .unwrap();
+    let swept = try_sweep(&s, &pool).await;
+    assert_eq!(
+        swept,
+        Ok((19, None)),
+        "the sweep must not wait for the idle pinner"
+    );
+    let staged: i64 = obs
+        .query_one(
+            "SELECT count(*) FROM alkblobs_staged WHERE pool = $1 AND key = encode($2, 'hex')",
+            &[&pool, &held],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(staged, 1, "the held key stays staged");
+    w.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(try_sweep(&s, &pool).await, Ok((0, None)), "now pinned");
+    assert!(exists(&obs, &pool, &held).await);
+}
+
+/// A reader's explain in an open transaction holds no lock a sweep or the
+/// table's DDL would wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_explain_in_an_open_transaction_does_not_hold_up_sweeps() {
+    let c = connect().await;
+    let pool = pool(&c, "explain-lock", "0 seconds", "60 seconds").await;
+    let t = table_name(&pool, "live");
+    c.batch_execute(&format!("CREATE TABLE {t} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    try_register(&c, &pool, &t).await.unwrap();
+    let k = garbage(&c, &pool, b"explained").await;
+    let reader = connect().await;
+    reader.batch_execute("BEGIN").await.unwrap();
+    reader
+        .query("SELECT * FROM alkblobs_explain($1, $2)", &[&pool, &k])
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), try_sweep_detailed(&c, &pool))
+        .await
+        .unwrap();
+    reader.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(got, Ok((1, None)));
+}
+
+/// `alkblobs_put_many` (set-based) racing an executor that is deleting one
+/// of its keys, at every isolation level: it waits for the delete and then
+/// either puts the entry afresh or fails with 40001 — it never reports the
+/// key stored while the entry is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn put_many_racing_a_delete_never_reports_gone_content_stored() {
+    let obs = connect().await;
+    for iso in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let pool = pool(&obs, "pm-race", "0 seconds", "60 seconds").await;
+        let k = garbage(&obs, &pool, format!("put_many at {iso}").as_bytes()).await;
+        let other = key(format!("other at {iso}").as_bytes());
+        let v = format!("put_many at {iso}").into_bytes();
+        let ov = format!("other at {iso}").into_bytes();
+        // The executor, as it works: the entry locked FOR UPDATE (decided),
+        // deleted a moment later, committed after that.
+        let ex = connect().await;
+        ex.batch_execute("BEGIN").await.unwrap();
+        ex.execute(
+            "SELECT 1 FROM alkblobs.entries e JOIN alkblobs.pools p ON p.id = e.pool
+              WHERE p.name = $1 AND e.key = $2 FOR UPDATE OF e",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+        let w = connect().await;
+        w.batch_execute(&format!("BEGIN ISOLATION LEVEL {iso}; SELECT 1"))
+            .await
+            .unwrap();
+        let w_pid = pid(&w).await;
+        let (p2, k2, o2, v2, ov2) = (
+            pool.clone(),
+            k.clone(),
+            other.clone(),
+            v.clone(),
+            ov.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let r = w
+                .query_one(
+                    "SELECT alkblobs_put_many($1, ARRAY[$2::bytea, $3::bytea], ARRAY[$4::bytea, $5::bytea], 'node')",
+                    &[&p2, &k2, &o2, &v2, &ov2],
+                )
+                .await
+                .map(|r| r.get::<_, Vec<bool>>(0))
+                .map_err(|e| sqlstate(&e));
+            let c = w.batch_execute("COMMIT").await.map_err(|e| sqlstate(&e));
+            (r, c)
+        });
+        assert!(
+            waits_on_lock(&obs, w_pid).await,
+            "{iso}: put_many did not wait for the executor"
+        );
+        ex.execute(
+            "DELETE FROM alkblobs.entries e USING alkblobs.pools p WHERE p.id = e.pool AND p.name = $1 AND e.key = $2",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+        ex.batch_execute("COMMIT").await.unwrap();
+        let (r, c) = task.await.unwrap();
+        match r {
+            Ok(created) => {
+                assert_eq!(c, Ok(()), "{iso}");
+                assert_eq!(created, vec![true, true], "{iso}: the key was put afresh");
+                assert!(
+                    alkblobs_tests::pg::exists(&obs, &pool, &k).await,
+                    "{iso}: reported stored, entry gone"
+                );
+            }
+            Err(code) => assert_eq!(code, "40001", "{iso}"),
         }
     }
 }

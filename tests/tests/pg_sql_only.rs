@@ -4,8 +4,9 @@
 //! `scripts/test.sh` starts that cluster (`ALKBLOBS_PG_PRELOAD=cron`), runs
 //! the install script there as such a role, and points `ALKBLOBS_PG_URL`
 //! (a superuser, for the test's own set-up) at pg_cron's database and
-//! `ALKBLOBS_SQL_ONLY_SCRIPT` at the script. The engine, fleet, race and
-//! hardening suites run against this database as well.
+//! `ALKBLOBS_SQL_ONLY_SCRIPT` at the script. The engine, fleet, race,
+//! privilege, liveness-registration, local-tier, argument and randomized
+//! suites run against this database as well.
 //!
 //! What differs from the library flavour, and is checked here: the
 //! server trusts writers' keys (clients verify what they read, `verify`
