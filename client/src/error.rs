@@ -1,7 +1,6 @@
 use std::path::PathBuf;
 
-use crate::Key;
-use crate::key::KeyError;
+use crate::key::{Key, KeyError};
 
 /// A boxed error from an engine, a liveness source or a caller's stream.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -227,17 +227,20 @@ MUTATIONS = [
         kind='ext',
         tests=['the_scheduler_never_calls_an_alkblobs_schema_it_did_not_install'],
     ),
-    # Row 22. DOUBT: likely SURVIVES now. The row was reproduced on 0.6.0's worker, before the switch
-    # was also a security-restricted operation (0.7.0). `role` is a GUC_NOT_WHILE_SEC_REST setting, so
-    # with SECURITY_RESTRICTED_OPERATION still set the planted set_config('role', 'none') fails anyway
-    # ("within security-restricted operation"), and the test sees alkblobs_owner and an error. Removing
-    # both flags would be caught, but it also removes row 23's guard.
+    # Row 22. Since 0.7.0 the switch carries two flags, and either alone
+    # refuses the RESET ROLE / SET ROLE the test's planted trigger runs
+    # (PostgreSQL checks GUC_NOT_WHILE_SEC_REST against both: "within
+    # security-definer function" or "within security-restricted
+    # operation", both 42501). So the row's mutation removes both: the
+    # worker's switch without either flag. (Row 23's own guard, the
+    # restricted operation's refusal of a deferred trigger, is mutated
+    # alone below.)
     M(
-        id='worker-no-local-userid-change',
-        what='the worker switches user without SECURITY_LOCAL_USERID_CHANGE (Rust, as_extension)',
+        id='worker-no-switch-flags',
+        what='the worker switches user with neither SECURITY_LOCAL_USERID_CHANGE nor SECURITY_RESTRICTED_OPERATION (Rust, as_extension)',
         file='pg_ext/src/scheduler.rs',
-        find='                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32\n                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,\n',
-        replace='                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,\n',
+        find='                saved_ctx\n                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32\n                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,\n',
+        replace='                saved_ctx,\n',
         kind='ext',
         tests=['code_the_worker_runs_cannot_become_the_superuser'],
     ),
@@ -338,15 +341,16 @@ MUTATIONS = [
         kind='ext',
         tests=['bad_windows_and_null_arguments_get_sqlstates'],
     ),
-    # Row 32. DOUBT: likely SURVIVES now. With max_unlinks = 0 the one dead large object is deferred, the
-    # call executes 0 rows, and alkblobs_sweep_all's `r.executed = 0` exit ends the loop after the sealing
-    # call: it returns, which the test accepts. It loops only if that exit goes too (see the alternative below).
+    # Row 32: both of sweep_all's guards against a budget of 0 (the refusal,
+    # and the exit after a call that executed nothing); either alone keeps
+    # the call returning, so the mutation removes both: it then loops until
+    # the test's statement_timeout (57014).
     M(
         id='sweep-all-zero-budget',
-        what='sweep_all accepts max_unlinks = 0',
+        what='sweep_all accepts max_unlinks = 0 and loops without progress',
         file='sql/api/90-sweep.sql',
-        find='    IF $2 OPERATOR(pg_catalog.<) 1 THEN',
-        replace='    IF $2 OPERATOR(pg_catalog.<) 0 THEN',
+        find='    IF $2 OPERATOR(pg_catalog.<) 1 THEN\n        RAISE EXCEPTION \'max_unlinks must be at least 1 for alkblobs_sweep_all, got %\', $2\n            USING ERRCODE = \'invalid_parameter_value\',\n                  HINT = \'Call alkblobs_sweep(pool, max_unlinks => 0) for a sweep that unlinks nothing.\';\n    END IF;\n    LOOP\n        SELECT * INTO r FROM @extschema@.alkblobs_sweep($1, false, $2, marking);\n        calls := calls OPERATOR(pg_catalog.+) 1;\n        IF r.aborted IS NOT NULL THEN\n            RAISE NOTICE \'sweep of pool "%" aborted: %\', $1, r.aborted;\n            EXIT;\n        END IF;\n        total_deleted := total_deleted OPERATOR(pg_catalog.+) r.deleted;\n        marking := marking AND NOT r.mark_done;\n        COMMIT;\n        EXIT WHEN NOT marking AND (r.remaining OPERATOR(pg_catalog.=) 0 OR r.executed OPERATOR(pg_catalog.=) 0);',
+        replace='    IF $2 OPERATOR(pg_catalog.<) 0 THEN\n        RAISE EXCEPTION \'max_unlinks must be at least 1 for alkblobs_sweep_all, got %\', $2\n            USING ERRCODE = \'invalid_parameter_value\',\n                  HINT = \'Call alkblobs_sweep(pool, max_unlinks => 0) for a sweep that unlinks nothing.\';\n    END IF;\n    LOOP\n        SELECT * INTO r FROM @extschema@.alkblobs_sweep($1, false, $2, marking);\n        calls := calls OPERATOR(pg_catalog.+) 1;\n        IF r.aborted IS NOT NULL THEN\n            RAISE NOTICE \'sweep of pool "%" aborted: %\', $1, r.aborted;\n            EXIT;\n        END IF;\n        total_deleted := total_deleted OPERATOR(pg_catalog.+) r.deleted;\n        marking := marking AND NOT r.mark_done;\n        COMMIT;\n        EXIT WHEN NOT marking AND (r.remaining OPERATOR(pg_catalog.=) 0);',
         kind='ext',
         tests=['sweep_all_with_no_unlink_budget_returns'],
     ),
@@ -373,20 +377,3 @@ MUTATIONS = [
         tests=['bad_windows_and_null_arguments_get_sqlstates'],
     ),
 ]
-
-# Alternatives, not in PART (each removes more than its row's one guard, but is
-# what makes the named test fail under the current code):
-#
-# Row 22, both flags (overlaps row 23's guard):
-#   M(id="worker-no-switch-flags", what="the worker switches user with neither SECURITY_LOCAL_USERID_CHANGE nor SECURITY_RESTRICTED_OPERATION",
-#     file="pg_ext/src/scheduler.rs",
-#     find="                saved_ctx\n                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32\n                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,\n",
-#     replace="                saved_ctx,\n", kind="ext", tests=["code_the_worker_runs_cannot_become_the_superuser"])
-#
-# Row 32, zero budget accepted and no exit on a call that executed nothing
-# (the test then hangs until its statement_timeout, 57014):
-#   M(id="sweep-all-zero-budget-loops", what="sweep_all accepts max_unlinks = 0 and loops without progress",
-#     file="sql/api/90-sweep.sql",
-#     find=<from "    IF $2 OPERATOR(pg_catalog.<) 1 THEN" to "r.executed OPERATOR(pg_catalog.=) 0);">,
-#     replace=<the same with "< 0" and "(r.remaining OPERATOR(pg_catalog.=) 0)">, kind="ext",
-#     tests=["sweep_all_with_no_unlink_budget_returns"])

@@ -155,17 +155,13 @@ MUTATIONS = [
       replace='               AND (true OR (stale AND alkblobs.content_exists(x.pool, x.key)))',
       kind='ext',
       tests=['an_expired_pin_protects_nothing_and_is_not_revived_by_renewal']),
-    # PREDICTED TO SURVIVE: no current test observes a staged row left by pin_new
-    # (every pool with a local tier in the tests has a 0 s window, and claims now
-    # delete the staged rows of what they claim); the test named is the one whose
-    # `left == 0` assertion caught it in 0.3.0.
     M(id='pin-new-stale-staging',
       what="alkblobs_pin_new leaves the key's stale staged row (no DELETE FROM alkblobs.staged before recording the file)",
       file='sql/api/30-puts-and-pins.sql',
       find='    DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;\n    INSERT INTO alkblobs.files AS f (pool, key) VALUES (pl.id, $2)',
       replace='    INSERT INTO alkblobs.files AS f (pool, key) VALUES (pl.id, $2)',
       kind='ext',
-      tests=['a_local_tier_claim_holds_its_keys_until_the_files_are_deleted']),
+      tests=['a_file_put_again_leaves_the_staged_set']),
     M(id='sweep-no-sweeper-lock',
       what='the sweep takes no sweeper lock (sweep_core skips take_lock, the row lock in alkblobs.pool_locks that replaced the advisory lock)',
       file='sql/api/90-sweep.sql',

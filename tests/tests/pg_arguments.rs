@@ -245,6 +245,16 @@ async fn bad_windows_and_null_arguments_get_sqlstates() {
             "22023",
             format!("SELECT alkblobs_alter_pool('{pool}', NULL, '1000 years')"),
         ),
+        // Over the 366-day maximum in days alone (no year part for the
+        // mixed-unit check to refuse first).
+        (
+            "22023",
+            format!("SELECT alkblobs_create_pool('{pool}-d', '400 days')"),
+        ),
+        (
+            "22023",
+            format!("SELECT alkblobs_alter_pool('{pool}', '367 days')"),
+        ),
         // Mixed-unit intervals compare as small (a month folds to 30 days)
         // but overflow or go negative when added to a timestamp.
         (

@@ -462,3 +462,48 @@ async fn tombstones_hold_at_every_isolation_level() {
         let _ = d.batch_execute("ROLLBACK").await;
     }
 }
+
+/// A file put again after a sweep staged it starts its delete window again:
+/// `alkblobs_pin_new` takes the key out of the staged set, so a claim after
+/// the old window (measured from a mark that saw the file unreferenced
+/// before this put) cannot take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_put_again_leaves_the_staged_set() {
+    let c = connect().await;
+    let pool = pool(&c, "restage", "1 hour", "60 seconds").await;
+    c.execute(
+        "UPDATE alkblobs.pools SET large_tier = 'local' WHERE name = $1",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    let k = key(b"a file staged, then put again");
+    publish_file(&c, &pool, &k, "node").await;
+    c.execute("SELECT alkblobs_unpin($1, $2, 'node')", &[&pool, &k])
+        .await
+        .unwrap();
+    c.query_one("SELECT alkblobs_stage($1, ARRAY[$2::bytea])", &[&pool, &k])
+        .await
+        .unwrap();
+    assert_eq!(
+        staged(&c, &pool, &k).await,
+        1,
+        "the sweep staged the unreferenced file"
+    );
+    publish_file(&c, &pool, &k, "node").await;
+    assert_eq!(
+        staged(&c, &pool, &k).await,
+        0,
+        "a file put again must leave the staged set (its window starts at the next mark)"
+    );
+}
+
+async fn staged(c: &Client, pool: &str, k: &[u8]) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM alkblobs_staged WHERE pool = $1 AND key = encode($2, 'hex')",
+        &[&pool, &k],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}

@@ -15,7 +15,7 @@
 //!   one, sweeps under an in-process lock.
 //! - A fleet arbiter (pin rows with a TTL renewed by a task, sweeps inside
 //!   the PostgreSQL extension) implements the same trait; a store preset
-//!   (`Store::open_fleet`, beside [`crate::Store::open_dir`]) builds it.
+//!   (`Store::open_fleet`, beside `Store::open_dir`) builds it.
 //!
 //! The invariant every implementation keeps: **a visible pool entry is never
 //! deleted while liveness protects it, and an in-flight put is never
@@ -106,7 +106,7 @@ impl Pool {
     }
 }
 
-/// The store's pin and liveness counts for [`crate::Store::usage`].
+/// The store's pin and liveness counts for `Store::usage`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct GcUsage {
@@ -239,7 +239,7 @@ pub trait Arbiter: Send + Sync + fmt::Debug {
     /// What the arbiter's own authority says about `key` (the fleet's
     /// database: `alkblobs_explain`'s aspect/detail rows, pins by owner with
     /// their expiry, liveness tables, the verdict). Empty for an in-process
-    /// arbiter, whose state [`crate::Store::explain`] reads directly.
+    /// arbiter, whose state `Store::explain` reads directly.
     async fn explain(&self, key: &Key) -> Result<Vec<(String, String)>> {
         let _ = key;
         Ok(Vec::new())

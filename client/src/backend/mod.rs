@@ -2,7 +2,7 @@
 //!
 //! An engine stores opaque bytes under [`Key`]s. It knows nothing of tiers,
 //! thresholds, pins or garbage collection: the [`crate::Store`] facade adds
-//! tiers on top of any pair of engines, and its [`crate::arbiter::Arbiter`]
+//! tiers on top of any pair of engines, and its `arbiter::Arbiter`
 //! decides what may be deleted. Third parties add engines by implementing
 //! [`Backend`] (and [`LargeBackend`] for the large tier); the traits are
 //! object-safe, the store holds engines as `Arc<dyn …>`, and `Arc<T>` /
@@ -106,7 +106,7 @@ pub enum Sharing {
 
 /// The engine contract: storage of immutable blobs under their keys, and
 /// nothing else. Engines know nothing of tiers, pins or garbage collection;
-/// the store's [`crate::arbiter::Arbiter`] decides what may be deleted and
+/// the store's `arbiter::Arbiter` decides what may be deleted and
 /// is the only caller of [`Backend::delete`] on pool entries.
 ///
 /// # Contract
@@ -152,7 +152,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     /// # Behavior
     /// - A pure existence probe: no value is loaded.
     /// - The answer may be stale the moment it returns; it is not a promise
-    ///   (see [`crate::Store::pin`]).
+    ///   (see `Store::pin`).
     async fn has(&self, key: &Key) -> Result<bool>;
 
     /// The whole value, or `None`.

@@ -129,7 +129,7 @@ fn key_of(bytes: &[u8]) -> Result<Key> {
 }
 
 /// The fleet arbiter; see the module docs. Built by
-/// [`crate::Store::open_fleet`].
+/// `Store::open_fleet`.
 pub struct FleetArbiter {
     shared: Arc<Shared>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
