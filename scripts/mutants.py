@@ -4,7 +4,7 @@ named for it fail.
 
     scripts/mutants.py               every mutation in scripts/mutations/
     scripts/mutants.py ID ...        just those
-    scripts/mutants.py --group G     those of scripts/mutations/G.py
+    scripts/mutants.py --group G     those of scripts/mutations/G.py (repeatable)
     scripts/mutants.py --list        what there is
     scripts/mutants.py --baseline    every mutation's tests without the
                                      mutation (they must pass, or a
@@ -54,11 +54,11 @@ PG2 = "postgresql://postgres@127.0.0.1:54330/alkblobs_test"
 KINDS = ("rust", "ext", "sqlonly")
 
 
-def M(id, what, file, find, replace, kind, tests, env=None, timeout=600):
+def M(id, what, file, find, replace, kind, tests, env=None, timeout=600, create_in=None):
     assert kind in KINDS, f"{id}: kind {kind!r}"
     assert tests, f"{id}: names no test"
     return dict(id=id, what=what, file=file, find=find, replace=replace, kind=kind,
-                tests=tests, env=env or {}, timeout=timeout)
+                tests=tests, env=env or {}, timeout=timeout, create_in=create_in)
 
 
 def load():
@@ -124,14 +124,17 @@ def clusters(action):
     sh(["scripts/pg-cluster.sh", action], env={"ALKBLOBS_PG_PRELOAD": "0", "ALKBLOBS_PG_PORT": "54330"}, quiet=True)
 
 
-def install_extension():
+def install_extension(create_in=None):
+    """Installs the extension and creates it afresh in `create_in` (both test
+    databases unless an entry says: a mutation that breaks CREATE EXTENSION
+    on the non-preloading cluster leaves that to its test)."""
     if sh(["scripts/install-extension.sh"], quiet=True) != 0:
         return False
     # A fresh extension in the two test databases (restarting the clusters
     # also loads a rebuilt library into the preloading one).
     clusters("stop")
     clusters("start")
-    for url in (PG1, PG2):
+    for url in create_in or (PG1, PG2):
         if sh(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", url, "-c", "DROP EXTENSION IF EXISTS alkblobs CASCADE",
                "-c", "CREATE EXTENSION alkblobs"], quiet=True) != 0:
             return False
@@ -165,7 +168,7 @@ def run(m, targets, baseline=False):
         if m["kind"] == "ext" and not baseline:
             # A mutated `-- @source` rule reaches its inlined copies.
             sh(["scripts/gen-upgrade.py", "--inline"], quiet=True)
-            if not install_extension():
+            if not install_extension(m["create_in"]):
                 print("  the mutated extension does not install: update the entry")
                 return "broken"
         extra = {}
@@ -208,12 +211,13 @@ def main():
             print(f"{m['group']:12} {m['id']:34} {m['what']}")
         return 0
     if "--group" in argv:
-        i = argv.index("--group")
-        group = argv[i + 1]
-        chosen = [m for m in every if m["group"] == group]
-        if not chosen:
-            print(f"no group {group}; --list names them", file=sys.stderr)
-            return 2
+        groups = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--group"]
+        known = {m["group"] for m in every}
+        for g in groups:
+            if g not in known:
+                print(f"no group {g}; --list names them", file=sys.stderr)
+                return 2
+        chosen = [m for m in every if m["group"] in groups]
     else:
         chosen = [m for m in every if not argv or m["id"] in argv]
         if argv and len(chosen) != len(argv):

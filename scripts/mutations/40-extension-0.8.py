@@ -51,7 +51,10 @@ MUTATIONS = [
       replace="    if true {\n        PRELOADED.store(preloading",
       kind="ext",
       tests=[("pg_default_server", "")],
-      env={"ALKBLOBS_PG_URL": PG2}),
+      env={"ALKBLOBS_PG_URL": PG2},
+      # The test itself runs CREATE EXTENSION on the non-preloading cluster
+      # (the runner's own would fail first, which is the defect).
+      create_in=[PG1]),
     M(id="sql-only-other-bytes",
       what="where keys are trusted, a put of a present key with other bytes answers \"present\" (a forged value squats the key)",
       file="sql/api/30-puts-and-pins.sql",
