@@ -203,8 +203,12 @@ pub async fn login_role(c: &Client, tag: &str, member_of: &str) -> String {
         std::process::id(),
         SEQ.fetch_add(1, Ordering::SeqCst)
     );
+    // One at a time (an advisory lock held to commit): two concurrent
+    // GRANTs on schema public update its ACL tuple at once and one fails
+    // with XX000 "tuple concurrently updated".
     c.batch_execute(&format!(
-        "CREATE ROLE {name} LOGIN IN ROLE {member_of}; GRANT CREATE ON SCHEMA public TO {name}"
+        "BEGIN; SELECT pg_advisory_xact_lock(7316001); \
+         CREATE ROLE {name} LOGIN IN ROLE {member_of}; GRANT CREATE ON SCHEMA public TO {name}; COMMIT"
     ))
     .await
     .expect("create login role");
