@@ -33,6 +33,13 @@
 //!   sweeps for SECS seconds, failing (exit 1) if anything it holds a guard
 //!   on is missing or different; prints `deleted=N` (what its sweeps
 //!   collected).
+//! - `s3-put-then-die BUCKET PREFIX MIB` (feature `s3`): opens the s3
+//!   engine on the prefix (taking its lease, TTL 3 s), streams MIB MiB into
+//!   a write, prints `committing KEY` and commits it as a multipart upload
+//!   one 5 MiB part at a time; the parent kills it mid-upload.
+//! - `s3-open BUCKET PREFIX` (feature `s3`): opens the s3 engine with the
+//!   credentials of its environment and prints `ok`, or `error KIND`, the
+//!   error's text and its `Debug` form, each on its own line.
 
 use std::io::{BufRead, Write};
 use std::pin::Pin;
@@ -117,6 +124,21 @@ async fn main() {
             }
         }
         Some("powercut") => powercut(&args[2]).await,
+        #[cfg(feature = "s3")]
+        #[cfg(feature = "s3")]
+        Some("s3-open") => {
+            use alkblobs::backend::s3::{S3Backend, S3Location, S3Options};
+            let opts = S3Options::new(S3Location::new(&args[2], &args[3]).expect("location"))
+                .retry_timeout(Duration::from_secs(2));
+            match S3Backend::open(opts).await {
+                Ok(_) => println!("ok"),
+                Err(e) => println!("error {:?}\n{e}\n{e:?}", e.kind()),
+            }
+        }
+        #[cfg(feature = "s3")]
+        Some("s3-put-then-die") => {
+            s3_put_then_die(&args[2], &args[3], args[4].parse().unwrap()).await
+        }
         Some("pg-crash-puts") => {
             let opts =
                 alkblobs::store::postgres::PostgresOptions::new(&args[2], &args[3]).threshold(1024);
@@ -428,4 +450,29 @@ async fn powercut(dir: &str) {
     phase("end");
     store.close().await.expect("close");
     println!("closed");
+}
+
+#[cfg(feature = "s3")]
+async fn s3_put_then_die(bucket: &str, prefix: &str, mib: u64) {
+    use alkblobs::backend::LargeBackend;
+    use alkblobs::backend::s3::{S3Backend, S3Location, S3Options};
+    let opts = S3Options::new(S3Location::new(bucket, prefix).expect("location"))
+        .part_size(5 << 20)
+        .upload_concurrency(1)
+        .lease_ttl(Duration::from_secs(3));
+    let engine = S3Backend::open(opts).await.expect("open s3");
+    let mut w = engine.begin_write().await.expect("begin");
+    let mut hash = blake3::Hasher::new();
+    for i in 0..mib {
+        let chunk = alkblobs_tests::data(i, 1 << 20);
+        hash.update(&chunk);
+        w.write(chunk.into()).await.expect("write");
+    }
+    let key = alkblobs::Key::from_hash(hash.finalize());
+    println!("committing {key}");
+    let _ = std::io::stdout().flush();
+    w.commit(&key).await.expect("commit");
+    println!("committed");
+    let _ = std::io::stdout().flush();
+    std::future::pending::<()>().await;
 }
