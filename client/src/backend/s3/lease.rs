@@ -86,7 +86,39 @@ fn body(owner: &str) -> PutPayload {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "?".into());
-    PutPayload::from(format!("{owner}\nhost {host} pid {}\n", std::process::id()))
+    PutPayload::from(format!(
+        "{owner}\nhost {host} pid {}\n{}\n",
+        std::process::id(),
+        process_space().unwrap_or_else(|| "space unknown".into())
+    ))
+}
+
+/// This machine's boot and this process's PID namespace: two leases
+/// naming the same space name PIDs of one process table.
+fn process_space() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    Some(format!("space {} {}", boot.trim(), ns.display()))
+}
+
+/// Whether the lease `text` names a process of this machine's boot and
+/// PID namespace that no longer runs: its lease is stale at once (a
+/// crashed CLI or test on this machine), without waiting three TTLs.
+fn holder_is_dead_here(text: &str) -> bool {
+    let mut lines = text.lines().skip(1);
+    let (Some(who), Some(space)) = (lines.next(), lines.next()) else {
+        return false;
+    };
+    if process_space().as_deref() != Some(space) {
+        return false;
+    }
+    let Some(pid) = who
+        .rsplit_once(" pid ")
+        .and_then(|(_, p)| p.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 fn owner_of(bytes: &Bytes) -> (String, String) {
@@ -144,18 +176,23 @@ impl Lease {
             Err(e) => return Err(inner.err("read the prefix's lease", e)),
         };
         let meta = current.meta.clone();
-        let held = owner_of(&current.bytes().await.unwrap_or_default()).0;
+        let bytes = current.bytes().await.unwrap_or_default();
+        let held = owner_of(&bytes).0;
         if held == owner {
             return Ok(true); // an unconditional write of ours, read back
         }
-        let age = server_now(inner)
-            .await?
-            .duration_since(SystemTime::from(meta.last_modified))
-            .unwrap_or_default();
-        if age < inner.opts.lease_ttl * 3 {
-            return Ok(false);
+        if holder_is_dead_here(&String::from_utf8_lossy(&bytes)) {
+            tracing::warn!(engine = %inner.display, "taking over the prefix lease of a process of this machine that no longer runs");
+        } else {
+            let age = server_now(inner)
+                .await?
+                .duration_since(SystemTime::from(meta.last_modified))
+                .unwrap_or_default();
+            if age < inner.opts.lease_ttl * 3 {
+                return Ok(false);
+            }
+            tracing::warn!(engine = %inner.display, ?age, "taking over a stale prefix lease");
         }
-        tracing::warn!(engine = %inner.display, ?age, "taking over a stale prefix lease");
         Self::write(
             inner,
             owner,

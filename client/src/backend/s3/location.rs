@@ -52,8 +52,16 @@ impl S3Location {
             match part {
                 "" => continue, // leading, trailing or doubled '/'
                 "." | ".." => return Err(bad("a prefix part may not be '.' or '..'")),
-                p if p.chars().any(|c| c.is_control()) => {
-                    return Err(bad("a prefix may not hold control characters"));
+                // S3's safe characters (what every service and every
+                // shell takes without escaping; the database's
+                // pools.large_location checks the same).
+                p if !p
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "!-_.*'()".contains(c)) =>
+                {
+                    return Err(bad(
+                        "a prefix part is letters, digits and !-_.*'() (S3's safe characters)",
+                    ));
                 }
                 p => parts.push(p.to_owned()),
             }

@@ -81,7 +81,7 @@ use writer::S3Write;
 /// The endpoint, region and credentials come from the AWS environment and
 /// files unless set here; nothing secret is ever set through these
 /// options, so they can be printed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct S3Options {
     /// Where the objects live.
@@ -215,6 +215,9 @@ struct Inner {
     /// The prefix's lease (a writable open that is not fleet-shared).
     lease: std::sync::Mutex<Option<lease::Lease>>,
     closed: AtomicBool,
+    /// An access key came from the environment or the AWS files (else the
+    /// client asks the instance's metadata service or container role).
+    keys_given: bool,
 }
 
 impl Inner {
@@ -364,7 +367,7 @@ impl S3Backend {
             )));
         }
         let display = format!("s3({})", opts.location);
-        let store = build(&opts).map_err(|e| {
+        let (store, keys_given) = build(&opts).map_err(|e| {
             Error::Config(format!(
                 "{display}: cannot configure the S3 client: {}",
                 redact(&e)
@@ -377,6 +380,7 @@ impl S3Backend {
             conditional: AtomicBool::new(true),
             lease: std::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
+            keys_given,
             opts,
         });
         inner.check_bucket().await?;
@@ -408,7 +412,7 @@ impl S3Backend {
 
 /// The `object_store` client for these options: the AWS environment first,
 /// the shared files for what it lacks, then the options themselves.
-fn build(opts: &S3Options) -> object_store::Result<AmazonS3> {
+fn build(opts: &S3Options) -> object_store::Result<(AmazonS3, bool)> {
     // reqwest's rustls needs a process-wide crypto provider; the crate uses
     // ring everywhere (an embedder's own choice, installed first, stays).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -439,6 +443,7 @@ fn build(opts: &S3Options) -> object_store::Result<AmazonS3> {
     if let Some(e) = &opts.endpoint {
         b = b.with_endpoint(e);
     }
+    let keys_given = !unset(&b, AmazonS3ConfigKey::AccessKeyId);
     let plain_http = b
         .get_config_value(&AmazonS3ConfigKey::Endpoint)
         .is_some_and(|e| e.starts_with("http://"));
@@ -449,6 +454,7 @@ fn build(opts: &S3Options) -> object_store::Result<AmazonS3> {
             ..RetryConfig::default()
         })
         .build()
+        .map(|s| (s, keys_given))
 }
 
 impl Inner {
@@ -474,8 +480,13 @@ impl Inner {
                             | object_store::Error::Unauthenticated { .. }
                     ) =>
             {
+                let creds = if self.keys_given {
+                    ""
+                } else {
+                    "; no access key in AWS_ACCESS_KEY_ID or the AWS profile, so the credentials were asked of the instance metadata service or container role"
+                };
                 Err(Error::Config(format!(
-                    "{}: bucket {:?} cannot be listed — does it exist? (check AWS_ENDPOINT_URL and the region): {}",
+                    "{}: bucket {:?} cannot be listed — does it exist? (check AWS_ENDPOINT_URL and the region{creds}): {}",
                     self.display,
                     self.opts.location.bucket(),
                     redact(&e)
