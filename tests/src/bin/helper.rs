@@ -28,7 +28,8 @@
 //!   local tier DIR sweeps; once its claim committed and the claimed files
 //!   are unlinked (before it confirms the delete), prints `claimed` and
 //!   hangs until killed.
-//! - `fleet-race URL POOL TABLE I SECS`: fleet instance I (pg-lo pool)
+//! - `fleet-race URL POOL TABLE I SECS [S3-LOCATION]`: fleet instance I
+//!   (a pg-lo pool, or an s3 pool at S3-LOCATION)
 //!   puts, pins, writes and deletes liveness rows in TABLE, releases and
 //!   sweeps for SECS seconds, failing (exit 1) if anything it holds a guard
 //!   on is missing or different; prints `deleted=N` (what its sweeps
@@ -285,11 +286,20 @@ async fn fleet_hold(url: &str, pool: &str, n: u32) {
 async fn fleet_race(url: &str, pool: &str, table: &str, me: u64, secs: u64) {
     use alkblobs::store::fleet::{FleetLarge, FleetOptions};
     use rand::Rng;
-    let store = Store::open_fleet(
-        FleetOptions::new(url, pool, FleetLarge::PgLo).instance(format!("racer-{me}")),
-    )
-    .await
-    .expect("open fleet");
+    // A seventh argument `s3://BUCKET/PREFIX`: the pool's large tier is on S3.
+    let large = match std::env::args().nth(7) {
+        #[cfg(feature = "s3")]
+        Some(loc) => FleetLarge::S3(alkblobs::backend::s3::S3Options::new(
+            loc.parse().expect("an s3 location"),
+        )),
+        #[cfg(not(feature = "s3"))]
+        Some(_) => panic!("this helper was built without the s3 feature"),
+        None => FleetLarge::PgLo,
+    };
+    let store =
+        Store::open_fleet(FleetOptions::new(url, pool, large).instance(format!("racer-{me}")))
+            .await
+            .expect("open fleet");
     let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .expect("connect");

@@ -486,7 +486,7 @@ impl Inner {
                     "; no access key in AWS_ACCESS_KEY_ID or the AWS profile, so the credentials were asked of the instance metadata service or container role"
                 };
                 Err(Error::Config(format!(
-                    "{}: bucket {:?} cannot be listed — does it exist? (check AWS_ENDPOINT_URL and the region{creds}): {}",
+                    "{}: bucket {:?} cannot be listed: it does not exist or the service refused the credentials (check AWS_ENDPOINT_URL, the region, AWS_ACCESS_KEY_ID / AWS_PROFILE and the bucket's policy{creds}): {}",
                     self.display,
                     self.opts.location.bucket(),
                     redact(&e)
