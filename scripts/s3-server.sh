@@ -55,7 +55,7 @@ AWS_SECRET_ACCESS_KEY=$key_secret
 AWS_REGION=$region
 AWS_ALLOW_HTTP=true
 ALKBLOBS_S3_BUCKET=$bucket
-ALKBLOBS_S3_SERVER=$0
+ALKBLOBS_S3_SERVER=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 ENV
 }
 

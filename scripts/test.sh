@@ -103,6 +103,8 @@ s3env=$(scripts/s3-server.sh start)
 env $s3env cargo test -p alkblobs-tests --features s3 --test s3_engines --test s3_stores
 env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg,s3 --test pg_s3
 env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_s3
+# Kills and restarts the S3 server: alone, last.
+env $s3env cargo test -p alkblobs-tests --features s3 --test s3_faults
 scripts/s3-server.sh stop
 
 step "a second cluster, configured as nobody reconfigured it (no shared_preload_libraries): restores into it, CREATE EXTENSION, the engine and fleet suites"
