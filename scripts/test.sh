@@ -11,6 +11,10 @@
 #      protocol, privilege, liveness-registration, local-tier, argument and
 #      randomized suites and the engine conformance suites over real
 #      connections;
+#   4b. the s3 large tier against Garage (a real S3 server, built from the
+#      Rust registry in the background since step 1; scripts/s3-server.sh):
+#      engine, store and arbiter suites, alone and with PostgreSQL pools,
+#      faults, fleet processes, the CLI;
 #   5. starts a second cluster configured as a server nobody reconfigured
 #      (no shared_preload_libraries): a pg_dump of busy pools restored into
 #      it from the first, then CREATE EXTENSION and the engine and fleet
@@ -34,7 +38,13 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 step() { printf '\n==> %s (%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
 
-step "installing prerequisites and the extension"
+step "installing prerequisites and the extension; Garage (the S3 server) builds beside the rest"
+# Garage is a Rust program from the Rust registry: a fresh machine builds it
+# once (into /opt/garage), in the background while the steps before the
+# S3 suites run; they wait for it (its log: target/garage-install.log).
+mkdir -p target
+scripts/s3-server.sh install > target/garage-install.log 2>&1 &
+garage_install=$!
 scripts/install-extension.sh
 
 step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler), fuse3 (fusermount3, for the power-cut test's lossyfs)"
@@ -56,6 +66,7 @@ cargo clippy --all-targets -- -D warnings
 cargo clippy -p alkblobs-pg -- -D warnings
 cargo clippy -p alkblobs --features postgres,conformance,pg-tests --all-targets -- -D warnings
 cargo clippy -p alkblobs-tests --features pg --tests -- -D warnings
+cargo clippy -p alkblobs-tests --features pg,s3 --tests --bins -- -D warnings
 
 step "cargo doc (warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core --features alkblobs/conformance,alkblobs/postgres
@@ -80,6 +91,21 @@ scripts/regress.sh
 step "PostgreSQL race, protocol, privilege, liveness-registration, local-tier, argument, randomized and engine suites"
 ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_pg
+
+step "the s3 large tier against a real S3 server (Garage, scripts/s3-server.sh): the engine, store and arbiter suites alone and with PostgreSQL (single-instance and fleet pools), a writer killed mid-upload, fleet processes racing over one s3 pool"
+if ! wait "$garage_install"; then
+    echo "installing Garage failed; its log:" >&2
+    cat target/garage-install.log >&2
+    exit 1
+fi
+trap 'scripts/s3-server.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
+s3env=$(scripts/s3-server.sh start)
+env $s3env cargo test -p alkblobs-tests --features s3 --test s3_engines --test s3_stores
+env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg,s3 --test pg_s3
+env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_s3
+# Kills and restarts the S3 server: alone, last.
+env $s3env cargo test -p alkblobs-tests --features s3 --test s3_faults
+scripts/s3-server.sh stop
 
 step "a second cluster, configured as nobody reconfigured it (no shared_preload_libraries): restores into it, CREATE EXTENSION, the engine and fleet suites"
 other_pg() { ALKBLOBS_PG_PRELOAD=0 ALKBLOBS_PG_PORT=54330 scripts/pg-cluster.sh "$@"; }

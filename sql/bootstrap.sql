@@ -54,9 +54,17 @@ CREATE TABLE alkblobs.pools (
                   CONSTRAINT ttl_at_most_a_week CHECK (pin_ttl <= interval '7 days'),
     -- Where content over the client's kv threshold goes: 'pg-lo' (large
     -- objects in this database), 'local' (files on fleet-shared media; the
-    -- client stages and deletes them under this database's arbitration) or
-    -- 'none' (kv-only; large content is routed to a storage node).
-    large_tier    text NOT NULL CONSTRAINT large_tier_known CHECK (large_tier IN ('pg-lo', 'local', 'none')),
+    -- client stages and deletes them under this database's arbitration),
+    -- 's3' (objects under large_location in an S3 bucket: the same shared
+    -- tier, another medium) or 'none' (kv-only; large content is routed to
+    -- a storage node).
+    large_tier    text NOT NULL CONSTRAINT large_tier_known CHECK (large_tier IN ('pg-lo', 'local', 's3', 'none')),
+    -- An 's3' pool's bucket and prefix ('s3://bucket/prefix'); every node
+    -- declares the same (the fleet-validity rule). No other pool's
+    -- location is it or nests in it (alkblobs_create_pool).
+    large_location text CONSTRAINT location_iff_s3 CHECK ((large_tier = 's3') = (large_location IS NOT NULL))
+                   CONSTRAINT location_format CHECK (large_location ~ '^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*''()-]+)*$' AND large_location !~ '/\.\.?(/|$)')
+                   CONSTRAINT location_unique UNIQUE,
     -- 'fleet': swept by the extension (pins are rows, liveness is tables).
     -- 'single': one store instance owns the pool and sweeps it itself with
     -- its in-process arbiter (its pins are in its memory, its staged rows

@@ -7,7 +7,8 @@
 CREATE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
        coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode,
-       p.id AS pool_id, p.sweep_every, p.history_keep, p.warn_after, p.critical_after
+       p.id AS pool_id, p.sweep_every, p.history_keep, p.warn_after, p.critical_after,
+       p.large_location
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -259,7 +260,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_cron_step(text, boolean)
   TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
-    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean, interval, interval, interval, interval),
+    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean, interval, interval, interval, interval, text),
     @extschema@.alkblobs_alter_pool(text, interval, interval, bigint, interval, interval, interval, interval),
     @extschema@.alkblobs_register_liveness(text, regclass, boolean),
     @extschema@.alkblobs_unregister_liveness(text, regclass),

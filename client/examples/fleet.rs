@@ -10,6 +10,10 @@
 //! # large content routed to a storage node) or 'local' (shared media):
 //! cargo run -p alkblobs --features postgres --example fleet -- "$URL" fleet-none none
 //! cargo run -p alkblobs --features postgres --example fleet -- "$URL" fleet-nfs local=/mnt/shared/blobs
+//! # large content on S3 (feature `s3`, on by default): a pool made with
+//! # large_tier => 's3', large_location => 's3://my-bucket/blobs'; the
+//! # endpoint and credentials come from the AWS environment:
+//! cargo run -p alkblobs --features postgres --example fleet -- "$URL" fleet-s3 s3://my-bucket/blobs
 //! # routed: a pool made with large_tier => 'local' whose only large tier is
 //! # one storage node's disk; the other nodes are kv-only and hand large
 //! # content to it (here both roles run in this one process):
@@ -41,11 +45,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let large = match mode.as_str() {
         "pg-lo" => FleetLarge::PgLo,
         "none" => FleetLarge::KvOnly,
+        // The pool's bucket and prefix, as every node declares it.
+        #[cfg(feature = "s3")]
+        other if other.starts_with("s3://") => {
+            FleetLarge::S3(alkblobs::backend::s3::S3Options::new(other.parse()?))
+        }
         other => match other.strip_prefix("local=") {
             // The operator's assertion: this directory is the same shared
             // media on every node.
             Some(dir) => FleetLarge::SharedLocal(dir.into()),
-            None => return Err(format!("{other}: pg-lo, none, local=DIR or routed=DIR").into()),
+            None => {
+                return Err(format!(
+                    "{other}: pg-lo, none, local=DIR, s3://BUCKET/PREFIX or routed=DIR"
+                )
+                .into());
+            }
         },
     };
     let store = Store::open_fleet(FleetOptions::new(&url, &pool, large)).await?;

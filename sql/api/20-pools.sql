@@ -146,10 +146,13 @@ CREATE FUNCTION @extschema@.alkblobs_create_pool(
     sweep_every interval DEFAULT NULL,
     history_keep interval DEFAULT '14 days',
     warn_after interval DEFAULT NULL,
-    critical_after interval DEFAULT NULL)
+    critical_after interval DEFAULT NULL,
+    large_location text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    other text;
 BEGIN
     IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL OR $8 IS NULL THEN
         RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes, single_instance and history_keep must not be NULL'
@@ -162,19 +165,43 @@ BEGIN
     END IF;
     PERFORM alkblobs.check_settings($2, $3);
     PERFORM alkblobs.check_schedule($7, $8, $9, $10);
-    IF $4 NOT IN ('pg-lo', 'local', 'none') THEN
-        RAISE EXCEPTION 'large_tier must be ''pg-lo'', ''local'' or ''none'', got %', quote_literal($4)
+    IF $4 NOT IN ('pg-lo', 'local', 's3', 'none') THEN
+        RAISE EXCEPTION 'large_tier must be ''pg-lo'', ''local'', ''s3'' or ''none'', got %', quote_literal($4)
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF ($4 = 's3') <> ($11 IS NOT NULL) THEN
+        RAISE EXCEPTION 'large_location is the bucket and prefix of an s3 pool (''s3://bucket/prefix''): given for large_tier ''s3'' and only then'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF $11 IS NOT NULL THEN
+        -- A prefix is one pool's: a pool sweeping under another's prefix
+        -- would delete what the other holds. Creations of s3 pools take
+        -- turns, so two cannot both pass this check.
+        IF $11 !~ '^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*''()-]+)*$' OR $11 ~ '/\.\.?(/|$)' THEN
+            RAISE EXCEPTION 'large_location must be ''s3://bucket'' or ''s3://bucket/prefix'' (a bucket name, then path segments of letters, digits and !_.*''()- with no empty, "." or ".." segment), got %', quote_literal($11)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        LOCK TABLE alkblobs.pools IN SHARE ROW EXCLUSIVE MODE;
+        SELECT p.large_location INTO other FROM alkblobs.pools p
+         WHERE p.large_location IS NOT NULL
+           AND (p.large_location || '/' LIKE replace(replace($11, '_', '\_'), '%', '\%') || '/%'
+                OR $11 || '/' LIKE replace(replace(p.large_location, '_', '\_'), '%', '\%') || '/%')
+         LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'large_location % overlaps another pool''s (%): a pool''s prefix is its own', quote_literal($11), quote_literal(other)
+                USING ERRCODE = 'duplicate_object';
+        END IF;
     END IF;
     IF $6 AND nullif($7, interval '0') IS NOT NULL THEN
         RAISE EXCEPTION 'a single-instance pool cannot have sweep_every: the store instance that owns it sweeps it'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode,
-                                sweep_every, history_keep, warn_after, critical_after, seen_incarnation, seen_start)
+                                sweep_every, history_keep, warn_after, critical_after, seen_incarnation, seen_start,
+                                large_location)
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'),
-            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time());
+            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time(), $11);
     INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));

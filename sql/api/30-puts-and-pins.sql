@@ -148,7 +148,7 @@ BEGIN
             -- staged a file of the same key: a put restarts its window.
             -- (The executor removes a kv/lo key's staged row when it
             -- deletes the entry.)
-            IF pl.large_tier = 'local' THEN
+            IF pl.large_tier IN ('local', 's3') THEN
                 DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
             END IF;
             IF $4 IS NOT NULL THEN
@@ -194,7 +194,7 @@ BEGIN
     -- key; false if it is gone. In a local-tier pool a published file is
     -- held content too.
     IF NOT alkblobs.lock_entry(pl.id, $2)
-       AND NOT (pl.large_tier = 'local' AND alkblobs.lock_file(pl.id, $2)) THEN
+       AND NOT (pl.large_tier IN ('local', 's3') AND alkblobs.lock_file(pl.id, $2)) THEN
         RETURN false;
     END IF;
     PERFORM alkblobs.pin_row(pl, $2, $3);
@@ -223,8 +223,8 @@ BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_pin_new');
-    IF pl.large_tier <> 'local' THEN
-        RAISE EXCEPTION 'pool "%" keeps large content in tier %, not on a shared local tier', pl.name, pl.large_tier
+    IF pl.large_tier NOT IN ('local', 's3') THEN
+        RAISE EXCEPTION 'pool "%" keeps large content in tier %, not on a shared tier (local or s3)', pl.name, pl.large_tier
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Use alkblobs_put, or alkblobs_lo_create/_lo_write/_lo_commit for pg-lo pools.';
     END IF;
@@ -563,7 +563,7 @@ BEGIN
     END IF;
     -- In a local-tier pool a new entry may replace a staged file of the
     -- same key: a put restarts its window.
-    IF pl.large_tier = 'local' THEN
+    IF pl.large_tier IN ('local', 's3') THEN
         DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(created);
     END IF;
     IF $4 IS NOT NULL THEN

@@ -45,7 +45,7 @@ BEGIN
         IF alkblobs.lock_entry(r.pool, k) THEN
             CONTINUE;
         END IF;
-        IF r.large_tier = 'local' AND alkblobs.lock_file(r.pool, k) THEN
+        IF r.large_tier IN ('local', 's3') AND alkblobs.lock_file(r.pool, k) THEN
             CONTINUE;
         END IF;
         IF r.forward_refs THEN
@@ -143,7 +143,7 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = $1 AND e.key = lv.key)
            AND NOT ($2 AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = $1 AND f.key = lv.key AND f.published))
          LIMIT 1$q$, alkblobs.source_name(rel))
-      INTO k USING pl.id, pl.large_tier = 'local';
+      INTO k USING pl.id, pl.large_tier IN ('local', 's3');
     IF k IS NOT NULL THEN
         RAISE EXCEPTION 'table % has a row naming key %, which pool "%" does not hold', rel::regclass, encode(k, 'hex'), pl.name
             USING ERRCODE = 'AB002',

@@ -35,13 +35,13 @@ BEGIN
         detail := format('present: %s bytes in tier %s since %s', e.size, e.tier, e.created_at);
     ELSE
         aspect := 'entry';
-        IF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2 AND f.published) THEN
+        IF pl.large_tier IN ('local', 's3') AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2 AND f.published) THEN
             has_entry := true;
             detail := format('present: a published file on the shared local tier, recorded %s',
                              (SELECT f.recorded_at FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2));
-        ELSIF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2 AND f.deleting_since IS NOT NULL) THEN
+        ELSIF pl.large_tier IN ('local', 's3') AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2 AND f.deleting_since IS NOT NULL) THEN
             detail := 'absent: a sweep claimed its file and is deleting it (put it again once that is done)';
-        ELSIF pl.large_tier = 'local' AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2) THEN
+        ELSIF pl.large_tier IN ('local', 's3') AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2) THEN
             detail := 'absent: a file is being published (recorded, not yet confirmed by alkblobs_local_published)';
         ELSE
             detail := 'absent';

@@ -34,6 +34,10 @@
 --   event triggers, relies on);
 -- * pg_cron schedules: alkblobs_schedule_cron / alkblobs_unschedule_cron,
 --   the procedure alkblobs_cron_sweep they schedule, and alkblobs_flavour;
+-- * large content on S3: a pool's large_tier may be 's3', its bucket and
+--   prefix in pools.large_location (alkblobs_create_pool's new
+--   large_location argument, alkblobs_pools' new column); an s3 pool's
+--   puts, pins, liveness and claims are the shared local tier's;
 -- * the 0.3.0 -> 0.4.0 migration of local-tier registrations (record the
 --   files their rows name) runs here, once, for any not yet swept since,
 --   and no longer in every sweep.
@@ -113,3 +117,13 @@ BEGIN
     UPDATE alkblobs.liveness l SET pending = 'recheck' WHERE l.pending = 'seed';
 END $$;
 DROP FUNCTION alkblobs.seed_files(alkblobs.pools, oid);
+
+-- Large content on S3: a pool's large tier may be 's3', with its bucket and
+-- prefix (alkblobs_create_pool's new large_location argument).
+ALTER TABLE alkblobs.pools DROP CONSTRAINT large_tier_known;
+ALTER TABLE alkblobs.pools
+    ADD CONSTRAINT large_tier_known CHECK (large_tier IN ('pg-lo', 'local', 's3', 'none')),
+    ADD COLUMN large_location text CONSTRAINT location_iff_s3 CHECK ((large_tier = 's3') = (large_location IS NOT NULL))
+                   CONSTRAINT location_format CHECK (large_location ~ '^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*''()-]+)*$' AND large_location !~ '/\.\.?(/|$)')
+                   CONSTRAINT location_unique UNIQUE;
+DROP FUNCTION @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean, interval, interval, interval, interval);

@@ -9,6 +9,9 @@
 
 pub use alkblobs::conformance::{absent_key, data, fault};
 
+#[cfg(feature = "s3")]
+pub mod s3;
+
 /// Child processes for crash and locking tests.
 pub mod proc {
     use std::io::{BufRead, BufReader};

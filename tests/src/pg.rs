@@ -76,7 +76,8 @@ pub async fn pool(c: &Client, tag: &str, window: &str, ttl: &str) -> String {
     name
 }
 
-fn unique(tag: &str) -> String {
+/// A name for `tag` no other test or run uses.
+pub fn unique(tag: &str) -> String {
     format!(
         "{tag}-{}-{}",
         std::process::id(),

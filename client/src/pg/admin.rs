@@ -61,8 +61,10 @@ pub struct PoolSettings {
     pub delete_window: Option<Duration>,
     /// The pin TTL.
     pub pin_ttl: Option<Duration>,
-    /// `pg-lo`, `local` or `none`.
+    /// `pg-lo`, `local`, `s3` or `none`.
     pub large_tier: Option<PoolLargeTier>,
+    /// An `s3` pool's bucket and prefix (`s3://bucket/prefix`).
+    pub large_location: Option<String>,
     /// One instance owns the pool (its in-process arbiter sweeps it).
     pub single_instance: bool,
     /// How often the extension's scheduler sweeps the pool (fleet pools;
@@ -94,6 +96,14 @@ impl PoolSettings {
         self
     }
 
+    /// Large content on S3 under `location` (`s3://bucket/prefix`): the
+    /// `s3` tier.
+    pub fn s3(mut self, location: impl Into<String>) -> Self {
+        self.large_tier = Some(PoolLargeTier::S3);
+        self.large_location = Some(location.into());
+        self
+    }
+
     /// A single-instance pool.
     pub fn single_instance(mut self, yes: bool) -> Self {
         self.single_instance = yes;
@@ -116,7 +126,8 @@ impl PgPool {
                 self,
                 None,
                 "SELECT p.pool, p.mode, p.large_tier, extract(epoch FROM p.delete_window)::text,
-                        extract(epoch FROM p.pin_ttl)::text, extract(epoch FROM p.sweep_every)::text
+                        extract(epoch FROM p.pin_ttl)::text, extract(epoch FROM p.sweep_every)::text,
+                        p.large_location
                    FROM alkblobs_pools p ORDER BY p.pool",
                 &[],
             )
@@ -134,7 +145,7 @@ impl PgPool {
             self,
             None,
             "SELECT alkblobs_create_pool($1, $2::interval, $3::interval, $4, single_instance => $5,
-                                         sweep_every => $6::interval)",
+                                         sweep_every => $6::interval, large_location => $7)",
             &[
                 (&name, Type::TEXT),
                 (&w, Type::TEXT),
@@ -142,6 +153,7 @@ impl PgPool {
                 (&large, Type::TEXT),
                 (&settings.single_instance, Type::BOOL),
                 (&settings.sweep_every.map(secs_text), Type::TEXT),
+                (&settings.large_location, Type::TEXT),
             ],
         )
         .await?;

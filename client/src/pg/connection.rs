@@ -199,7 +199,8 @@ impl PgPool {
         let row = c
             .query_typed_opt(
                 "SELECT p.pool, p.mode, p.large_tier, extract(epoch FROM p.delete_window)::text,
-                        extract(epoch FROM p.pin_ttl)::text, extract(epoch FROM p.sweep_every)::text
+                        extract(epoch FROM p.pin_ttl)::text, extract(epoch FROM p.sweep_every)::text,
+                        p.large_location
                    FROM alkblobs_pools p WHERE p.pool = $1",
                 &[(&self.inner.name, Type::TEXT)],
             )

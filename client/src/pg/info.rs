@@ -39,18 +39,29 @@ pub enum PoolLargeTier {
     PgLo,
     /// Files on media every node shares (`local`).
     Local,
+    /// Objects under the pool's bucket and prefix on S3 (`s3`,
+    /// [`PoolInfo::large_location`]).
+    S3,
     /// Nowhere: a kv-only pool (`none`).
     None,
 }
 
 impl PoolLargeTier {
-    /// The database's name for it (`pg-lo`, `local`, `none`).
+    /// The database's name for it (`pg-lo`, `local`, `s3`, `none`).
     pub fn as_str(self) -> &'static str {
         match self {
             PoolLargeTier::PgLo => "pg-lo",
             PoolLargeTier::Local => "local",
+            PoolLargeTier::S3 => "s3",
             PoolLargeTier::None => "none",
         }
+    }
+
+    /// A tier every node of a fleet shares (`local`, `s3`): a put's pin row
+    /// and file record commit before its bytes are published, and a sweep
+    /// deletes its objects by a two-phase claim.
+    pub fn is_shared(self) -> bool {
+        matches!(self, PoolLargeTier::Local | PoolLargeTier::S3)
     }
 
     /// The tier the database names `text`, if it is one.
@@ -58,6 +69,7 @@ impl PoolLargeTier {
         match text {
             "pg-lo" => Some(PoolLargeTier::PgLo),
             "local" => Some(PoolLargeTier::Local),
+            "s3" => Some(PoolLargeTier::S3),
             "none" => Some(PoolLargeTier::None),
             _ => None,
         }
@@ -116,6 +128,8 @@ pub struct PoolInfo {
     pub mode: PoolMode,
     /// Where its large content goes.
     pub large_tier: PoolLargeTier,
+    /// An `s3` pool's bucket and prefix (`s3://bucket/prefix`).
+    pub large_location: Option<String>,
     /// The pool's delete window.
     pub delete_window: Duration,
     /// The pool's pin TTL.
@@ -144,6 +158,7 @@ pub(super) fn pool_info(row: &Row, flavour: Flavour) -> Result<PoolInfo> {
             other => return Err(unknown("mode", other)),
         },
         large_tier: PoolLargeTier::parse(&tier).ok_or_else(|| unknown("large tier", &tier))?,
+        large_location: row.get(6),
         delete_window: interval_secs(row.get::<_, String>(3).as_str()),
         pin_ttl: interval_secs(row.get::<_, String>(4).as_str()),
         sweep_every: row

@@ -14,14 +14,22 @@
 //!   rename, close-to-open consistency); pin rows commit before a file is
 //!   renamed into place, and the sweep deletes a file only under the
 //!   database's arbitration;
+//! - [`FleetLarge::S3`] (feature `s3`): objects under the pool's bucket
+//!   and prefix (`alkblobs_pools.large_location`), which every node names
+//!   alike. S3 has the shared media's qualities (an object appears whole
+//!   or not at all, reads after writes see it, no locks), so it runs the
+//!   shared tier's protocol of `SharedLocal` — pin row and object record
+//!   first, upload, publish; tombstones before deletion — with another
+//!   medium;
 //! - [`FleetLarge::KvOnly`]: no large tier on this node (routed): puts
 //!   over the threshold are refused with [`Error::TooLarge`], and a storage
 //!   node — a fleet store of the same pool with its large tier — takes and
 //!   serves large content through the verified path
 //!   ([`Store::put_verified`], [`Store::get_verified`]).
 //!
-//! A `PgLo` or `SharedLocal` declaration must match the pool's own
-//! (`alkblobs_pools.large_tier`: `pg-lo`, `local`): every node that stores
+//! A `PgLo`, `SharedLocal` or `S3` declaration must match the pool's own
+//! (`alkblobs_pools.large_tier`: `pg-lo`, `local`, `s3`, and for `s3` the
+//! same location): every node that stores
 //! large content uses the same tier. `KvOnly` is sound over any pool.
 //! Anything else is refused naming the rule.
 
@@ -45,6 +53,11 @@ pub enum FleetLarge {
     /// Files under this directory, which is the same fleet-shared media on
     /// every node: the operator asserts it by choosing this variant.
     SharedLocal(PathBuf),
+    /// Objects under the pool's S3 location (feature `s3`); the options'
+    /// location must be the pool's. The engine is opened fleet-shared (no
+    /// prefix lease: the database arbitrates).
+    #[cfg(feature = "s3")]
+    S3(crate::backend::s3::S3Options),
     /// No large tier on this node (routed): puts over the threshold are
     /// refused with [`Error::TooLarge`].
     KvOnly,
@@ -56,6 +69,8 @@ impl FleetLarge {
         match self {
             FleetLarge::PgLo => PoolLargeTier::PgLo,
             FleetLarge::SharedLocal(_) => PoolLargeTier::Local,
+            #[cfg(feature = "s3")]
+            FleetLarge::S3(_) => PoolLargeTier::S3,
             FleetLarge::KvOnly => PoolLargeTier::None,
         }
     }
@@ -155,15 +170,23 @@ impl Store {
                 info.name,
                 info.large_tier.as_str(),
                 opts.large.pool_tier().as_str(),
-                "pg-lo: large objects in the same database; local: the same fleet-shared media on every node; none: kv-only, large content routed to a storage node",
+                "pg-lo: large objects in the same database; local: the same fleet-shared media on every node; s3: the pool's bucket and prefix; none: kv-only, large content routed to a storage node",
                 match info.large_tier {
                     PoolLargeTier::PgLo => "FleetLarge::PgLo (--large pg-lo)",
                     PoolLargeTier::Local =>
                         "FleetLarge::SharedLocal(dir) (--large local=DIR --shared-media)",
+                    PoolLargeTier::S3 =>
+                        "FleetLarge::S3(options) (--large s3://bucket/prefix, the pool's location)",
                     PoolLargeTier::None => "FleetLarge::KvOnly (--large none)",
                 }
             )));
         }
+        // An s3 declaration names the pool's own location.
+        #[cfg(feature = "s3")]
+        let s3 = match &opts.large {
+            FleetLarge::S3(o) => Some(super::postgres::pool_s3(&info, Some(o))?),
+            _ => None,
+        };
         let owner = opts.instance.clone().unwrap_or_else(instance_id);
         if owner.is_empty() || owner.chars().count() > 200 {
             return Err(Error::Config(format!(
@@ -188,6 +211,12 @@ impl Store {
                     lo = lo.staging_grace(g);
                 }
                 builder.large(LocalBackend::open(dir, lo).await?)
+            }
+            #[cfg(feature = "s3")]
+            FleetLarge::S3(o) => {
+                let _ = o;
+                let o = s3.expect("checked above").shared(true);
+                builder.large(crate::backend::s3::S3Backend::open(o).await?)
             }
         };
         builder.build()

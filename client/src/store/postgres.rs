@@ -29,6 +29,47 @@ pub enum PgLarge {
     Local(PathBuf),
     /// No large tier: puts over the threshold are refused.
     None,
+    /// Objects on S3 (feature `s3`): these options, whose location must be
+    /// the pool's (`alkblobs_pools.large_location`). [`PgLarge::FromPool`]
+    /// opens an `s3` pool's location with the AWS environment's endpoint
+    /// and credentials.
+    #[cfg(feature = "s3")]
+    S3(crate::backend::s3::S3Options),
+}
+
+/// The S3 options for a pool whose large tier is `s3`: the declared ones,
+/// if their location is the pool's, or the pool's location with the AWS
+/// environment's settings.
+#[cfg(feature = "s3")]
+pub(super) fn pool_s3(
+    info: &crate::backend::postgres::PoolInfo,
+    declared: Option<&crate::backend::s3::S3Options>,
+) -> Result<crate::backend::s3::S3Options> {
+    let Some(loc) = info.large_location.as_deref() else {
+        return Err(Error::Config(format!(
+            "pool {:?} is an s3 pool without a location: the database is damaged",
+            info.name
+        )));
+    };
+    let pool_loc: crate::backend::s3::S3Location = loc.parse()?;
+    match declared {
+        Some(o) if o.location != pool_loc => Err(Error::Config(format!(
+            "pool {:?} keeps large content under {pool_loc}, not {}: every store of a pool uses the pool's bucket and prefix",
+            info.name, o.location
+        ))),
+        Some(o) => Ok(o.clone()),
+        None => Ok(crate::backend::s3::S3Options::new(pool_loc)),
+    }
+}
+
+/// An `s3` pool opened by a build without the s3 engine.
+#[cfg(not(feature = "s3"))]
+pub(super) fn no_s3(info: &crate::backend::postgres::PoolInfo) -> Error {
+    Error::Config(format!(
+        "pool {:?} keeps large content on S3 ({}): this build of alkblobs lacks the s3 engine (the crate's feature `s3`)",
+        info.name,
+        info.large_location.as_deref().unwrap_or("?")
+    ))
 }
 
 /// Options for [`Store::open_postgres`]: a builder.
@@ -115,6 +156,20 @@ impl Store {
             (PgLarge::Local(dir), PoolLargeTier::Local) => {
                 builder.large(LocalBackend::open(dir, LocalOptions::default()).await?)
             }
+            #[cfg(feature = "s3")]
+            (PgLarge::FromPool, PoolLargeTier::S3) => {
+                let o = pool_s3(&info, None)?;
+                builder.large(crate::backend::s3::S3Backend::open(o).await?)
+            }
+            #[cfg(feature = "s3")]
+            (PgLarge::S3(o), PoolLargeTier::S3) => {
+                let o = pool_s3(&info, Some(o))?.shared(false);
+                builder.large(crate::backend::s3::S3Backend::open(o).await?)
+            }
+            #[cfg(feature = "s3")]
+            (PgLarge::S3(_), _) => return Err(mismatch("s3")),
+            #[cfg(not(feature = "s3"))]
+            (PgLarge::FromPool, PoolLargeTier::S3) => return Err(no_s3(&info)),
             (PgLarge::FromPool, PoolLargeTier::Local) => {
                 return Err(Error::Config(format!(
                     "pool {:?} keeps large content in files on a local tier: give its directory (PgLarge::Local)",

@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{DEFAULT_THRESHOLD, Store};
-use crate::Result;
 use crate::arbiter::DEFAULT_WINDOW;
 use crate::backend::local::{LocalBackend, LocalOptions};
 use crate::backend::sqlite::{SqliteBackend, SqliteOptions};
 use crate::backend::{Durability, OpenMode};
+use crate::{Error, Result};
 
 /// Options for [`Store::open_dir_with`]: a builder, so fields can be added
 /// without breaking callers.
@@ -40,6 +40,9 @@ pub struct DirOptions {
     /// Point reads of the kv engine on the calling task (default `true`;
     /// see [`SqliteOptions::inline_reads`]).
     pub inline_reads: bool,
+    /// The large tier on S3 instead of `dir/large` (feature `s3`).
+    #[cfg(feature = "s3")]
+    pub s3: Option<crate::backend::s3::S3Options>,
 }
 
 impl Default for DirOptions {
@@ -50,6 +53,8 @@ impl Default for DirOptions {
             threshold: DEFAULT_THRESHOLD,
             window: DEFAULT_WINDOW,
             inline_reads: true,
+            #[cfg(feature = "s3")]
+            s3: None,
         }
     }
 }
@@ -110,6 +115,57 @@ impl DirOptions {
         self.inline_reads = inline;
         self
     }
+
+    /// Keeps large content on S3 (these options; their mode is this
+    /// open's) instead of in `dir/large`. A store keeps the large tier it
+    /// was created with: `dir/large-tier` records it, and an open that
+    /// names another fails with [`Error::Config`].
+    #[cfg(feature = "s3")]
+    pub fn large_s3(mut self, opts: crate::backend::s3::S3Options) -> Self {
+        self.s3 = Some(opts);
+        self
+    }
+}
+
+fn marker_err(path: &Path, e: std::io::Error) -> Error {
+    Error::Config(format!(
+        "cannot record the store's large tier in {}: {e}",
+        path.display()
+    ))
+}
+
+/// The large tier a store directory was created with (`dir/large-tier`:
+/// `local`, or an `s3://bucket/prefix`), checked against `declared`.
+/// Returns whether the directory has no record yet (the open records it
+/// once its engines opened).
+fn check_large_tier(dir: &Path, declared: &str) -> Result<bool> {
+    let marker = dir.join("large-tier");
+    let recorded = match std::fs::read_to_string(&marker) {
+        Ok(text) => return same_tier(dir, text.trim(), declared).map(|()| false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(marker_err(&marker, e)),
+    };
+    // Stores made before the record keep their large tier in dir/large.
+    let recorded = recorded.or_else(|| Store::dir_paths(dir).0.exists().then_some("local"));
+    if let Some(r) = recorded {
+        same_tier(dir, r, declared)?;
+    }
+    Ok(true)
+}
+
+fn same_tier(dir: &Path, recorded: &str, declared: &str) -> Result<()> {
+    if recorded == declared {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "the store in {} keeps large content in {recorded}, not {declared}: open it with that large tier (--large {recorded})",
+        dir.display()
+    )))
+}
+
+fn record_large_tier(dir: &Path, declared: &str) -> Result<()> {
+    let marker = dir.join("large-tier");
+    std::fs::write(&marker, format!("{declared}\n")).map_err(|e| marker_err(&marker, e))
 }
 
 impl Store {
@@ -125,6 +181,14 @@ impl Store {
     pub async fn open_dir_with(dir: impl AsRef<Path>, opts: DirOptions) -> Result<Store> {
         let dir = dir.as_ref();
         let (sqlite, local) = Store::dir_paths(dir);
+        #[cfg(feature = "s3")]
+        let declared = opts
+            .s3
+            .as_ref()
+            .map_or_else(|| "local".to_owned(), |o| o.location.to_string());
+        #[cfg(not(feature = "s3"))]
+        let declared = "local".to_owned();
+        let unrecorded = check_large_tier(dir, &declared)?;
         let kv = SqliteBackend::open(
             sqlite,
             SqliteOptions {
@@ -135,6 +199,23 @@ impl Store {
             },
         )
         .await?;
+        let builder = Store::builder().sqlite(kv);
+        #[cfg(feature = "s3")]
+        let builder = match opts.s3 {
+            Some(s3) => {
+                let s3 = s3.mode(opts.mode).shared(false);
+                let store = builder
+                    .large(crate::backend::s3::S3Backend::open(s3).await?)
+                    .threshold(opts.threshold)
+                    .delete_window(opts.window)
+                    .build()?;
+                if unrecorded && opts.mode.writable() {
+                    record_large_tier(dir, &declared)?;
+                }
+                return Ok(store);
+            }
+            None => builder,
+        };
         let large = LocalBackend::open(
             local,
             LocalOptions {
@@ -144,12 +225,15 @@ impl Store {
             },
         )
         .await?;
-        Store::builder()
-            .sqlite(kv)
+        let store = builder
             .large(large)
             .threshold(opts.threshold)
             .delete_window(opts.window)
-            .build()
+            .build()?;
+        if unrecorded && opts.mode.writable() {
+            record_large_tier(dir, &declared)?;
+        }
+        Ok(store)
     }
 
     /// The sqlite file and the local root of the embedded layout in `dir`.

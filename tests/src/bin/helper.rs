@@ -28,11 +28,19 @@
 //!   local tier DIR sweeps; once its claim committed and the claimed files
 //!   are unlinked (before it confirms the delete), prints `claimed` and
 //!   hangs until killed.
-//! - `fleet-race URL POOL TABLE I SECS`: fleet instance I (pg-lo pool)
+//! - `fleet-race URL POOL TABLE I SECS [S3-LOCATION]`: fleet instance I
+//!   (a pg-lo pool, or an s3 pool at S3-LOCATION)
 //!   puts, pins, writes and deletes liveness rows in TABLE, releases and
 //!   sweeps for SECS seconds, failing (exit 1) if anything it holds a guard
 //!   on is missing or different; prints `deleted=N` (what its sweeps
 //!   collected).
+//! - `s3-put-then-die BUCKET PREFIX MIB` (feature `s3`): opens the s3
+//!   engine on the prefix (taking its lease, TTL 3 s), streams MIB MiB into
+//!   a write, prints `committing KEY` and commits it as a multipart upload
+//!   one 5 MiB part at a time; the parent kills it mid-upload.
+//! - `s3-open BUCKET PREFIX` (feature `s3`): opens the s3 engine with the
+//!   credentials of its environment and prints `ok`, or `error KIND`, the
+//!   error's text and its `Debug` form, each on its own line.
 
 use std::io::{BufRead, Write};
 use std::pin::Pin;
@@ -117,6 +125,21 @@ async fn main() {
             }
         }
         Some("powercut") => powercut(&args[2]).await,
+        #[cfg(feature = "s3")]
+        #[cfg(feature = "s3")]
+        Some("s3-open") => {
+            use alkblobs::backend::s3::{S3Backend, S3Location, S3Options};
+            let opts = S3Options::new(S3Location::new(&args[2], &args[3]).expect("location"))
+                .retry_timeout(Duration::from_secs(2));
+            match S3Backend::open(opts).await {
+                Ok(_) => println!("ok"),
+                Err(e) => println!("error {:?}\n{e}\n{e:?}", e.kind()),
+            }
+        }
+        #[cfg(feature = "s3")]
+        Some("s3-put-then-die") => {
+            s3_put_then_die(&args[2], &args[3], args[4].parse().unwrap()).await
+        }
         Some("pg-crash-puts") => {
             let opts =
                 alkblobs::store::postgres::PostgresOptions::new(&args[2], &args[3]).threshold(1024);
@@ -263,11 +286,20 @@ async fn fleet_hold(url: &str, pool: &str, n: u32) {
 async fn fleet_race(url: &str, pool: &str, table: &str, me: u64, secs: u64) {
     use alkblobs::store::fleet::{FleetLarge, FleetOptions};
     use rand::Rng;
-    let store = Store::open_fleet(
-        FleetOptions::new(url, pool, FleetLarge::PgLo).instance(format!("racer-{me}")),
-    )
-    .await
-    .expect("open fleet");
+    // A seventh argument `s3://BUCKET/PREFIX`: the pool's large tier is on S3.
+    let large = match std::env::args().nth(7) {
+        #[cfg(feature = "s3")]
+        Some(loc) => FleetLarge::S3(alkblobs::backend::s3::S3Options::new(
+            loc.parse().expect("an s3 location"),
+        )),
+        #[cfg(not(feature = "s3"))]
+        Some(_) => panic!("this helper was built without the s3 feature"),
+        None => FleetLarge::PgLo,
+    };
+    let store =
+        Store::open_fleet(FleetOptions::new(url, pool, large).instance(format!("racer-{me}")))
+            .await
+            .expect("open fleet");
     let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .expect("connect");
@@ -428,4 +460,29 @@ async fn powercut(dir: &str) {
     phase("end");
     store.close().await.expect("close");
     println!("closed");
+}
+
+#[cfg(feature = "s3")]
+async fn s3_put_then_die(bucket: &str, prefix: &str, mib: u64) {
+    use alkblobs::backend::LargeBackend;
+    use alkblobs::backend::s3::{S3Backend, S3Location, S3Options};
+    let opts = S3Options::new(S3Location::new(bucket, prefix).expect("location"))
+        .part_size(5 << 20)
+        .upload_concurrency(1)
+        .lease_ttl(Duration::from_secs(3));
+    let engine = S3Backend::open(opts).await.expect("open s3");
+    let mut w = engine.begin_write().await.expect("begin");
+    let mut hash = blake3::Hasher::new();
+    for i in 0..mib {
+        let chunk = alkblobs_tests::data(i, 1 << 20);
+        hash.update(&chunk);
+        w.write(chunk.into()).await.expect("write");
+    }
+    let key = alkblobs::Key::from_hash(hash.finalize());
+    println!("committing {key}");
+    let _ = std::io::stdout().flush();
+    w.commit(&key).await.expect("commit");
+    println!("committed");
+    let _ = std::io::stdout().flush();
+    std::future::pending::<()>().await;
 }

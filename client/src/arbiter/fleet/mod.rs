@@ -36,8 +36,8 @@
 //!   the store opens, never taken from client defaults.
 
 mod lease;
-mod local_tier;
 mod pins;
+mod shared_tier;
 mod sweep;
 
 use std::collections::{HashMap, HashSet};
@@ -54,7 +54,7 @@ use super::{
     Arbiter, GcAbortCause, GcUsage, PinGuard, PinRelease, Pool, Scope, StagedRow, SweepOptions,
     SweepPhase, SweepProgress, SweepReport,
 };
-use crate::pg::{PgPool, PoolInfo, PoolLargeTier};
+use crate::pg::{PgPool, PoolInfo};
 use crate::tier::Tier;
 use crate::{Error, Key, Result};
 use lease::Lease;
@@ -254,8 +254,8 @@ impl FleetArbiter {
         self.shared.renew().await
     }
 
-    fn local_tier(&self) -> bool {
-        self.shared.info.large_tier == PoolLargeTier::Local
+    fn shared_tier(&self) -> bool {
+        self.shared.info.large_tier.is_shared()
     }
 
     fn stop_tasks(&self) {
@@ -294,7 +294,7 @@ impl Arbiter for FleetArbiter {
     async fn pin(&self, tier: Tier, keys: &[Key]) -> Result<PinGuard> {
         self.shared.count(keys).await;
         let guard = self.guard(keys);
-        if tier == Tier::Large && self.local_tier() {
+        if tier == Tier::Large && self.shared_tier() {
             // The pin row commits before the file is renamed into place.
             self.pin_new(keys).await?;
         }
@@ -338,7 +338,7 @@ impl Arbiter for FleetArbiter {
     }
 
     async fn before_publish(&self, tier: Tier, keys: &[Key]) -> Result<()> {
-        if tier == Tier::Large && self.local_tier() {
+        if tier == Tier::Large && self.shared_tier() {
             // alkblobs_pin_new committed these rows; the rename comes next.
             return self.confirm(keys).await;
         }
@@ -347,7 +347,7 @@ impl Arbiter for FleetArbiter {
     }
 
     async fn published(&self, tier: Tier, keys: &[Key]) -> Result<()> {
-        if tier != Tier::Large || !self.local_tier() || keys.is_empty() {
+        if tier != Tier::Large || !self.shared_tier() || keys.is_empty() {
             // kv and pg-lo: the put's own transaction restarted the window.
             return Ok(());
         }

@@ -28,7 +28,7 @@ impl FleetArbiter {
             for engine in pool.engines() {
                 report.reclaimed += engine.reclaim_abandoned().await?;
             }
-            if self.local_tier() {
+            if self.shared_tier() {
                 report.staged += self.stage_local_files(pool).await?;
             }
         }
@@ -98,14 +98,14 @@ impl FleetArbiter {
                 break;
             }
             if !marking && (report.remaining == 0 || n(4) == 0) {
-                if self.local_tier() && pool.large().is_none() {
+                if self.shared_tier() && pool.large().is_none() {
                     // A kv-only node does not see the shared files: their
                     // due rows wait for a node that does (said, not hidden).
                     if local_due > 0 {
                         tracing::warn!(pool = %s.name(), local_due, "due files left for a sweep by a node with the shared local tier");
                         report.remaining += local_due;
                     }
-                } else if local_due > 0 || self.local_tier() {
+                } else if local_due > 0 || self.shared_tier() {
                     self.claim_local(pool, opts, &mut report).await?;
                 }
                 break;

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use alkblobs::backend::s3::S3Options;
 use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::store::postgres::{PgLarge, PostgresOptions};
 use alkblobs::{DirOptions, OpenMode, Store};
@@ -29,6 +30,8 @@ pub struct PgTarget {
 pub struct Ctx {
     /// The data directory.
     pub dir: PathBuf,
+    /// An embedded store's large tier on S3 (`--large s3://…`).
+    pub s3: Option<S3Options>,
     /// A PostgreSQL pool instead of the data directory.
     pub pg: Option<PgTarget>,
     /// Print JSON instead of text.
@@ -37,6 +40,8 @@ pub struct Ctx {
     pub wait: bool,
     /// Draw progress bars (stderr is a terminal and `--quiet` was not given).
     pub progress: bool,
+    /// The stores this command opened, closed when it ends.
+    pub opened: std::sync::Mutex<Vec<Store>>,
 }
 
 impl Ctx {
@@ -44,14 +49,14 @@ impl Ctx {
     /// (`put`, `roots add`).
     pub async fn create(&self) -> Res<Store> {
         if let Some(pg) = &self.pg {
-            return self.open_pg(pg).await;
+            return self.keep(self.open_pg(pg).await?);
         }
         let mode = if self.wait {
             OpenMode::WriteWait
         } else {
             OpenMode::Write
         };
-        Ok(Store::open_dir_with(&self.dir, DirOptions::new().mode(mode)).await?)
+        self.keep(Store::open_dir_with(&self.dir, self.dir_options().mode(mode)).await?)
     }
 
     /// Opens an existing store for writing (`gc`, `roots rm`): a command
@@ -77,7 +82,7 @@ impl Ctx {
                 Fail::new(
                     Exit::BadInput,
                     format!(
-                        "{what}: the fleet-validity rule needs the large tier declared: --large pg-lo, --large none (kv-only, large content routed to a storage node) or --large local=DIR --shared-media (DIR is the same fleet-shared media on every node)"
+                        "{what}: the fleet-validity rule needs the large tier declared: --large pg-lo, --large none (kv-only, large content routed to a storage node), --large s3://BUCKET/PREFIX (the pool's S3 location) or --large local=DIR --shared-media (DIR is the same fleet-shared media on every node)"
                     ),
                 )
             };
@@ -88,6 +93,7 @@ impl Ctx {
                 PgLarge::Local(_) => {
                     return Err(rule("--fleet --large local=DIR without --shared-media"));
                 }
+                PgLarge::S3(o) => FleetLarge::S3(o.clone()),
                 _ => return Err(rule("--fleet without --large")),
             };
             return Ok(Store::open_fleet(FleetOptions::new(&pg.url, &pg.pool, large)).await?);
@@ -107,10 +113,42 @@ impl Ctx {
     /// Opens an existing store read-only, taking no lock.
     pub async fn open_read(&self) -> Res<Store> {
         if let Some(pg) = &self.pg {
-            return self.open_pg(pg).await;
+            return self.keep(self.open_pg(pg).await?);
         }
         self.require_store()?;
-        Ok(Store::open_dir_with(&self.dir, DirOptions::new().read_only()).await?)
+        self.keep(Store::open_dir_with(&self.dir, self.dir_options().read_only()).await?)
+    }
+
+    /// Keeps `store` to close when the command ends — unless it is a fleet
+    /// store, whose pins outlive the command for the pool's TTL (closing
+    /// would release them at once).
+    fn keep(&self, store: Store) -> Res<Store> {
+        if self.pg.as_ref().is_some_and(|pg| pg.fleet) {
+            return Ok(store);
+        }
+        self.opened
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(store.clone());
+        Ok(store)
+    }
+
+    /// Closes every store the command opened.
+    pub async fn close(&self) {
+        let stores: Vec<Store> =
+            std::mem::take(&mut *self.opened.lock().unwrap_or_else(|p| p.into_inner()));
+        for s in stores {
+            if let Err(e) = s.close().await {
+                tracing::warn!("closing the store: {e}");
+            }
+        }
+    }
+
+    fn dir_options(&self) -> DirOptions {
+        match &self.s3 {
+            Some(o) => DirOptions::new().large_s3(o.clone()),
+            None => DirOptions::new(),
+        }
     }
 
     /// A store exists iff its sqlite index does. Reading a mistyped

@@ -28,6 +28,7 @@ mod stat;
 mod usage;
 mod verify;
 
+use alkblobs::backend::s3::{S3Location, S3Options};
 use alkblobs::store::postgres::PgLarge;
 use ctx::{Ctx, PgTarget};
 use exit::{Exit, Fail, Res, key_arg};
@@ -65,11 +66,17 @@ struct Cli {
         value_name = "NAME"
     )]
     pool: String,
-    /// The large tier of a PostgreSQL store: pg-lo, none or local=DIR (the
-    /// pool's own if not given; it must match the pool's). For `pool
-    /// create`: the new pool's (pg-lo if not given; `local` alone).
+    /// The large tier: s3://BUCKET/PREFIX (objects on S3; endpoint and
+    /// credentials from the AWS environment), or for a PostgreSQL store
+    /// pg-lo, none or local=DIR (the pool's own if not given; it must match
+    /// the pool's). For `pool create`: the new pool's (pg-lo if not given;
+    /// `local` alone; s3://BUCKET/PREFIX records the pool's location).
     #[arg(long, global = true, value_name = "TIER", value_parser = large_arg)]
     large: Option<PgLarge>,
+    /// The S3 service's URL for --large s3://… (default: AWS_ENDPOINT_URL,
+    /// then the AWS profile's endpoint_url, then AWS itself).
+    #[arg(long, global = true, value_name = "URL")]
+    s3_endpoint: Option<String>,
     /// Fleet mode: this process is one of many store instances sharing the
     /// pool (pins are rows renewed by this process, sweeps run in the
     /// database). Needs --postgres and an explicit --large (the
@@ -165,9 +172,15 @@ fn large_arg(s: &str) -> Result<PgLarge, String> {
         // Bare `local` names the tier (`pool create`); a store needs the
         // directory.
         "local" => Ok(PgLarge::Local(PathBuf::new())),
+        other if other.starts_with("s3://") => other
+            .parse::<S3Location>()
+            .map(|l| PgLarge::S3(S3Options::new(l)))
+            .map_err(|e| e.to_string()),
         other => match other.strip_prefix("local=") {
             Some(dir) if !dir.is_empty() => Ok(PgLarge::Local(PathBuf::from(dir))),
-            _ => Err(format!("{other:?} is not pg-lo, none, local or local=DIR")),
+            _ => Err(format!(
+                "{other:?} is not pg-lo, none, local, local=DIR or s3://BUCKET/PREFIX"
+            )),
         },
     }
 }
@@ -185,20 +198,41 @@ async fn run(cli: Cli) -> Res {
             "--fleet and --shared-media need --postgres URL (a fleet shares a pool in PostgreSQL)",
         ));
     }
+    let large = match (cli.large.clone(), &cli.s3_endpoint) {
+        (Some(PgLarge::S3(o)), Some(url)) => Some(PgLarge::S3(o.endpoint(url))),
+        (_, Some(_)) => {
+            return Err(Fail::new(
+                Exit::BadInput,
+                "--s3-endpoint is the service of --large s3://BUCKET/PREFIX: give both",
+            ));
+        }
+        (large, None) => large,
+    };
+    if cli.postgres.is_none() && !matches!(large, None | Some(PgLarge::S3(_))) {
+        return Err(Fail::new(
+            Exit::BadInput,
+            "an embedded store (--data-dir) keeps large content in DIR/large or, with --large s3://BUCKET/PREFIX, on S3; pg-lo, none and local=DIR are PostgreSQL stores' tiers (--postgres)",
+        ));
+    }
     let ctx = Ctx {
         dir: cli.data_dir.clone().unwrap_or_else(default_data_dir),
+        s3: match (&cli.postgres, &large) {
+            (None, Some(PgLarge::S3(o))) => Some(o.clone()),
+            _ => None,
+        },
         pg: cli.postgres.clone().map(|url| PgTarget {
             url,
             pool: cli.pool.clone(),
-            large: cli.large.clone().unwrap_or(PgLarge::FromPool),
+            large: large.clone().unwrap_or(PgLarge::FromPool),
             fleet: cli.fleet,
             shared_media: cli.shared_media,
         }),
         json: cli.json,
         wait: cli.wait,
         progress: !cli.quiet && std::io::stderr().is_terminal(),
+        opened: Default::default(),
     };
-    match &cli.command {
+    let result = match &cli.command {
         Command::Put { files, root } => put::put(&ctx, files, *root).await,
         Command::Get { key, output } => get::get(&ctx, *key, output.as_deref()).await,
         Command::Stat { key } => stat::stat(&ctx, *key).await,
@@ -214,7 +248,12 @@ async fn run(cli: Cli) -> Res {
         Command::Staged => staged::staged(&ctx).await,
         Command::Pool { action } => pool::pool(&ctx, action).await,
         Command::Explain { key } => explain::explain(&ctx, *key).await,
-    }
+    };
+    // Release what the stores hold outside this process (an S3 prefix's
+    // lease; a fleet's pin rows), so the next command need not wait for
+    // them to expire.
+    ctx.close().await;
+    result
 }
 
 fn main() -> ExitCode {

@@ -37,7 +37,7 @@ pub enum PoolCmd {
         #[arg(long)]
         single_instance: bool,
         // Where large content goes: the global --large (pg-lo, the default;
-        // local; none).
+        // local; s3://BUCKET/PREFIX; none).
     },
     /// List the pools this role may read.
     Ls,
@@ -138,6 +138,10 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
                 PgLarge::FromPool => None,
                 PgLarge::PgLo => Some(PoolLargeTier::PgLo),
                 PgLarge::None => Some(PoolLargeTier::None),
+                PgLarge::S3(o) => {
+                    s = s.s3(o.location.to_string());
+                    None
+                }
                 _ => Some(PoolLargeTier::Local),
             };
             if let Some(w) = window {

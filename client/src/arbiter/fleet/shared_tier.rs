@@ -1,6 +1,8 @@
-//! A shared `local` tier under the fleet: a put's pin row and file record
-//! before the rename (`alkblobs_pin_new`), staging the tier's files through
-//! the extension, and the two-phase claim that deletes them.
+//! A shared large tier under the fleet — files on shared media (`local`)
+//! or objects under an S3 prefix (`s3`), one protocol for both media: a
+//! put's pin row and file record before its bytes are published
+//! (`alkblobs_pin_new`), staging the tier's objects through the
+//! extension, and the two-phase claim that deletes them.
 
 use std::time::Duration;
 

@@ -1,0 +1,298 @@
+//! Publishing one blob under its key — one conditional `PutObject`, or a
+//! multipart upload recorded in an upload marker — and the sweep's side of
+//! it: aborting the uploads of writers that died.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use super::{Inner, unsupported};
+use crate::backend::PutOutcome;
+use crate::{Error, Key, Result};
+
+/// Where a blob's bytes are when it is published.
+pub(super) enum Source {
+    /// In memory.
+    Memory(Bytes),
+    /// In a spool file (unnamed: freed when dropped), `len` bytes.
+    File(std::fs::File, u64),
+}
+
+impl Source {
+    fn len(&self) -> u64 {
+        match self {
+            Source::Memory(b) => b.len() as u64,
+            Source::File(_, n) => *n,
+        }
+    }
+}
+
+/// Per-key serialisation of this process's puts: at most one put of a key
+/// runs at a time, so of concurrent puts of one key exactly one creates it
+/// (S3 alone would let several "create" it, byte for byte the same).
+#[derive(Default)]
+pub(super) struct KeyLocks(Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>);
+
+impl KeyLocks {
+    async fn lock(&self, key: &Key) -> KeyGuard<'_> {
+        let m = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(*key)
+            .or_default()
+            .clone();
+        let guard = m.clone().lock_owned().await;
+        KeyGuard {
+            locks: self,
+            key: *key,
+            _guard: guard,
+        }
+    }
+}
+
+struct KeyGuard<'a> {
+    locks: &'a KeyLocks,
+    key: Key,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for KeyGuard<'_> {
+    fn drop(&mut self) {
+        let mut map = self.locks.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Only this guard and the map hold the mutex: nobody waits for it.
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) <= 2)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// An upload marker's body: the object the upload writes and its id.
+fn marker_body(path: &Path, upload_id: &str) -> PutPayload {
+    PutPayload::from(format!("{path}\n{upload_id}\n"))
+}
+
+impl Inner {
+    /// Publishes `source` under `key` unless it is present.
+    pub(super) async fn publish(&self, key: &Key, source: Source) -> Result<PutOutcome> {
+        let path = self.opts.location.blob(key);
+        let _one = self.keys.lock(key).await;
+        // Dedup without uploading a byte: committed blobs are immutable.
+        if self.head_size(&path).await?.is_some() {
+            return Ok(PutOutcome::Existed);
+        }
+        // The lease is checked again after the wait: a lost lease must not
+        // publish.
+        self.check_writable("put a blob")?;
+        match source {
+            Source::Memory(bytes) if bytes.len() <= self.opts.part_size => {
+                self.put_object(&path, bytes).await
+            }
+            source => self.put_multipart(&path, source).await,
+        }
+    }
+
+    /// One `PutObject`, `If-None-Match: *` where the service has it.
+    async fn put_object(&self, path: &Path, bytes: Bytes) -> Result<PutOutcome> {
+        let payload = PutPayload::from(bytes);
+        if self.conditional.load(Ordering::Relaxed) {
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..PutOptions::default()
+            };
+            match self.store.put_opts(path, payload.clone(), opts).await {
+                Ok(_) => return Ok(PutOutcome::Created),
+                Err(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                ) => return Ok(PutOutcome::Existed),
+                Err(e) if unsupported(&e) => {
+                    tracing::info!(engine = %self.display, "the service does not support conditional puts; relying on content addressing");
+                    self.conditional.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(self.err("put a blob", e)),
+            }
+        }
+        self.store
+            .put(path, payload)
+            .await
+            .map(|_| PutOutcome::Created)
+            .map_err(|e| self.err("put a blob", e))
+    }
+
+    /// A multipart upload straight to `path`, recorded in a marker while it
+    /// runs; aborted (and its marker removed) if it fails.
+    async fn put_multipart(&self, path: &Path, source: Source) -> Result<PutOutcome> {
+        let marker = self.opts.location.upload_marker(&random_id());
+        let id = self
+            .store
+            .create_multipart(path)
+            .await
+            .map_err(|e| self.err("start a multipart upload", e))?;
+        // Recorded before the first part: a writer killed from here on
+        // leaves a marker a sweep finds. (Killed between the two calls, it
+        // leaves an empty upload only a bucket lifecycle rule removes:
+        // docs/operations.md says to add one.)
+        if let Err(e) = self.store.put(&marker, marker_body(path, &id)).await {
+            let _ = self.store.abort_multipart(path, &id).await;
+            return Err(self.err("record a multipart upload", e));
+        }
+        let result = self.upload_parts(path, &id, &marker, source).await;
+        match result {
+            Ok(parts) => {
+                let done = self.store.complete_multipart(path, &id, parts).await;
+                let _ = self.store.delete(&marker).await;
+                done.map(|_| PutOutcome::Created)
+                    .map_err(|e| self.err("complete a multipart upload", e))
+            }
+            Err(e) => {
+                let _ = self.store.abort_multipart(path, &id).await;
+                let _ = self.store.delete(&marker).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Uploads every part of `source`, `upload_concurrency` at a time,
+    /// touching the marker as it goes; the part ids in order.
+    async fn upload_parts(
+        &self,
+        path: &Path,
+        id: &str,
+        marker: &Path,
+        source: Source,
+    ) -> Result<Vec<PartId>> {
+        let part = self.opts.part_size as u64;
+        let len = source.len();
+        let count = len.div_ceil(part).max(1);
+        let source = Arc::new(Mutex::new(source));
+        let id = id.to_owned();
+        let touch_every = (self.opts.upload_grace / 4).min(Duration::from_secs(30));
+        let mut touched = Instant::now();
+        let mut ids = Vec::with_capacity(count as usize);
+        let mut parts = futures::stream::iter(0..count)
+            .map(|i| {
+                let source = source.clone();
+                let id = id.clone();
+                async move {
+                    let start = i * part;
+                    let n = part.min(len - start) as usize;
+                    let bytes = read_part(&self.display, source, start, n).await?;
+                    self.check_writable("put a blob")?;
+                    self.store
+                        .put_part(path, &id, i as usize, PutPayload::from(bytes))
+                        .await
+                        .map_err(|e| self.err("upload a part", e))
+                }
+            })
+            .buffered(self.opts.upload_concurrency);
+        while let Some(p) = parts.try_next().await? {
+            ids.push(p);
+            if touched.elapsed() >= touch_every {
+                // A live writer's marker stays younger than the grace.
+                self.store
+                    .put(marker, marker_body(path, &id))
+                    .await
+                    .map_err(|e| self.err("touch an upload marker", e))?;
+                touched = Instant::now();
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Aborts the uploads whose markers are older than the grace (their
+    /// writers died mid-upload); returns how many.
+    pub(super) async fn reclaim(&self) -> Result<u64> {
+        // The marker's age by this host's clock against the service's
+        // last-modified time: skew shortens or lengthens the grace by as
+        // much (the grace is minutes; docs/design.md's clock assumption).
+        let now = std::time::SystemTime::now();
+        let grace = self.opts.upload_grace;
+        let markers: Vec<_> = self
+            .store
+            .list(Some(&self.opts.location.uploads()))
+            .try_collect()
+            .await
+            .map_err(|e| self.err("list upload markers", e))?;
+        let mut reclaimed = 0;
+        for m in markers {
+            let age = now
+                .duration_since(std::time::SystemTime::from(m.last_modified))
+                .unwrap_or_default();
+            if age < grace {
+                continue;
+            }
+            let body = match self.store.get(&m.location).await {
+                Ok(g) => g.bytes().await.unwrap_or_default(),
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(self.err("read an upload marker", e)),
+            };
+            let text = String::from_utf8_lossy(&body);
+            let mut lines = text.lines();
+            if let (Some(object), Some(upload_id)) = (lines.next(), lines.next()) {
+                match self
+                    .store
+                    .abort_multipart(&Path::from(object), &upload_id.to_owned())
+                    .await
+                {
+                    // Aborted, or already gone (completed or aborted by
+                    // another sweep).
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(self.err("abort an abandoned upload", e)),
+                }
+            }
+            match self.store.delete(&m.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => reclaimed += 1,
+                Err(e) => return Err(self.err("delete an upload marker", e)),
+            }
+            tracing::info!(engine = %self.display, marker = %m.location, "aborted an abandoned multipart upload");
+        }
+        Ok(reclaimed)
+    }
+}
+
+/// `n` bytes of `source` from `start`, read off the async workers.
+async fn read_part(
+    engine: &str,
+    source: Arc<Mutex<Source>>,
+    start: u64,
+    n: usize,
+) -> Result<Bytes> {
+    {
+        let s = source.lock().unwrap_or_else(|p| p.into_inner());
+        if let Source::Memory(b) = &*s {
+            return Ok(b.slice(start as usize..start as usize + n));
+        }
+    }
+    let engine = engine.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let s = source.lock().unwrap_or_else(|p| p.into_inner());
+        let Source::File(f, _) = &*s else {
+            unreachable!("checked above")
+        };
+        let mut buf = vec![0u8; n];
+        f.read_exact_at(&mut buf, start)
+            .map_err(|e| Error::engine(&engine, format!("unable to read the spool file: {e}")))?;
+        Ok(Bytes::from(buf))
+    })
+    .await
+    .map_err(|e| Error::engine("s3", format!("blocking task failed: {e}")))?
+}
+
+/// A fresh random name for an upload marker.
+fn random_id() -> String {
+    use rand::Rng;
+    let r: u128 = rand::rng().random();
+    format!("{r:032x}")
+}

@@ -1,0 +1,253 @@
+//! The `s3` large tier with PostgreSQL: single-instance and fleet stores
+//! over an s3 pool (the store and arbiter suites), pools' locations, the
+//! fleet-validity rule's location check, and fleet instances in separate
+//! processes racing sweeps over one s3 pool. Against the test server and
+//! the test S3 server scripts/test.sh starts; never skipped.
+
+#![cfg(all(feature = "pg", feature = "s3"))]
+
+use alkblobs::backend::s3::{S3Location, S3Options};
+use alkblobs::conformance::store::Config;
+use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+use alkblobs::store::postgres::{PgLarge, PostgresOptions};
+use alkblobs::{Error, Key, Store, arbiter_suite, store_suite};
+use alkblobs_tests::pg::{connect, ensure_extension, sqlstate, unique, url};
+use alkblobs_tests::s3::location;
+
+const TIERED: Config = Config {
+    kv_only: false,
+    big: 100 << 20,
+    list_keys: 5_000,
+};
+
+/// A fresh s3 pool (window 0 s) at a fresh prefix: its name and location.
+async fn s3_pool(tag: &str, single_instance: bool) -> (String, S3Location) {
+    let c = connect().await;
+    ensure_extension(&c).await;
+    let name = unique(tag);
+    let loc = location(tag);
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', 's3', single_instance => $2, large_location => $3)",
+        &[&name, &single_instance, &loc.to_string()],
+    )
+    .await
+    .expect("create an s3 pool");
+    (name, loc)
+}
+
+fn s3(loc: &S3Location) -> S3Options {
+    S3Options::new(loc.clone()).part_size(5 << 20)
+}
+
+async fn fleet(pool: &str, loc: &S3Location) -> Store {
+    Store::open_fleet(FleetOptions::new(url(), pool, FleetLarge::S3(s3(loc))).threshold(1024))
+        .await
+        .expect("open a fleet store over s3")
+}
+
+store_suite!(single_s3, TIERED, async {
+    let (pool, _) = s3_pool("pgs3-single", true).await;
+    // The pool's own location, from the database (PgLarge::FromPool).
+    let s = Store::open_postgres(PostgresOptions::new(url(), &pool))
+        .await
+        .expect("open a single-instance store over s3");
+    (s, ())
+});
+
+arbiter_suite!(single_s3_arbiter, async {
+    let (pool, loc) = s3_pool("pgs3-single-arb", true).await;
+    let s = Store::open_postgres(
+        PostgresOptions::new(url(), &pool)
+            .large(PgLarge::S3(s3(&loc)))
+            .threshold(1024),
+    )
+    .await
+    .unwrap();
+    (s, ())
+});
+
+store_suite!(fleet_s3, TIERED, async {
+    let (pool, loc) = s3_pool("pgs3-fleet", false).await;
+    (fleet(&pool, &loc).await, ())
+});
+
+arbiter_suite!(protocol: fleet_s3_arbiter, async {
+    let (pool, loc) = s3_pool("pgs3-fleet-arb", false).await;
+    (fleet(&pool, &loc).await, ())
+});
+
+/// A pool's location is checked where it is created: given exactly for
+/// `s3`, in S3's format, and no pool's location is another's or nests in
+/// it (a pool sweeping under another's prefix would delete its objects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_locations_are_checked_and_never_overlap() {
+    let c = connect().await;
+    ensure_extension(&c).await;
+    let (_, loc) = s3_pool("pgs3-loc", false).await;
+    let at = loc.to_string();
+    let create = |name: String, tier: &'static str, loc: Option<String>| {
+        let c = &c;
+        async move {
+            c.execute(
+                "SELECT alkblobs_create_pool($1, large_tier => $2, large_location => $3)",
+                &[&name, &tier, &loc],
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| sqlstate(&e))
+        }
+    };
+    let cases: Vec<(&str, Option<String>, &str)> = vec![
+        ("s3", Some(at.clone()), "42710"),
+        ("s3", Some(format!("{at}/nested")), "42710"),
+        (
+            "s3",
+            Some(at.rsplit_once('/').unwrap().0.to_owned()),
+            "42710",
+        ),
+        ("s3", None, "22023"),
+        ("pg-lo", Some(format!("{at}-x")), "22023"),
+        ("s3", Some(format!("{at}-y/")), "22023"),
+        ("s3", Some(format!("{at}-y//z")), "22023"),
+        ("s3", Some(format!("{at}-y/../z")), "22023"),
+        ("s3", Some("s3://Bad_Bucket/p".into()), "22023"),
+        ("s3", Some("https://bucket/p".into()), "22023"),
+    ];
+    for (tier, l, want) in cases {
+        let got = create(unique("pgs3-bad"), tier, l.clone()).await;
+        assert_eq!(got, Err(want.to_owned()), "{tier} {l:?}");
+    }
+    // A sibling prefix that only shares a leading string is its own.
+    create(unique("pgs3-sib"), "s3", Some(format!("{at}-sibling")))
+        .await
+        .expect("a sibling prefix");
+    let shown: Option<String> = c
+        .query_one(
+            "SELECT large_location FROM alkblobs_pools WHERE large_location = $1",
+            &[&at],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shown.as_deref(), Some(&at[..]));
+}
+
+/// The fleet-validity rule over s3: a node declares the pool's tier and
+/// the pool's location, or opens nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_declares_the_pools_location() {
+    let (pool, _) = s3_pool("pgs3-rule", false).await;
+    let other = location("pgs3-rule-other");
+    let e = Store::open_fleet(FleetOptions::new(url(), &pool, FleetLarge::S3(s3(&other))))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains(&other.to_string())),
+        "{e}"
+    );
+    let e = Store::open_fleet(FleetOptions::new(url(), &pool, FleetLarge::PgLo))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("fleet-validity rule") && m.contains("FleetLarge::S3")),
+        "{e}"
+    );
+    let c = connect().await;
+    let lo = alkblobs_tests::pg::pool_with(
+        &c,
+        "pgs3-rule-lo",
+        "0 seconds",
+        "60 seconds",
+        "pg-lo",
+        false,
+    )
+    .await;
+    let e = Store::open_fleet(FleetOptions::new(url(), &lo, FleetLarge::S3(s3(&other))))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("fleet-validity rule")),
+        "{e}"
+    );
+    let (single, _) = s3_pool("pgs3-rule-single", true).await;
+    let e =
+        Store::open_postgres(PostgresOptions::new(url(), &single).large(PgLarge::S3(s3(&other))))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains(&other.to_string())),
+        "{e}"
+    );
+}
+
+/// Several fleet instances in separate OS processes share one s3 pool:
+/// each puts, pins, writes liveness rows, releases and sweeps while
+/// checking what it holds a guard on; afterwards every key a liveness row
+/// names is present and byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_processes_share_an_s3_pool_and_lose_nothing() {
+    let c = connect().await;
+    let (pool, loc) = s3_pool("pgs3-race", false).await;
+    let table = alkblobs_tests::pg::table_name(&pool, "refs");
+    c.batch_execute(&format!(
+        "CREATE TABLE {table} (key bytea PRIMARY KEY, seed bigint NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|i| {
+            let args = [
+                "fleet-race".to_owned(),
+                url(),
+                pool.clone(),
+                table.clone(),
+                i.to_string(),
+                "6".to_owned(),
+                loc.to_string(),
+            ];
+            tokio::task::spawn_blocking(move || {
+                std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
+                    .args(&args)
+                    .output()
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut swept = 0;
+    for child in children {
+        let out = child.await.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "a racing instance failed:\n{text}");
+        swept += text
+            .lines()
+            .find_map(|l| l.strip_prefix("deleted="))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    assert!(
+        swept > 0,
+        "the sweeps never collected anything: the race was idle"
+    );
+    let s = fleet(&pool, &loc).await;
+    let rows = c
+        .query(&format!("SELECT key, seed FROM {table}"), &[])
+        .await
+        .unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        let k = Key::from_slice(&r.get::<_, Vec<u8>>(0)).unwrap();
+        let v = alkblobs_tests::fleet_value(r.get::<_, i64>(1) as u64);
+        assert_eq!(
+            s.get(&k).await.unwrap().as_deref(),
+            Some(&v[..]),
+            "a live key lost its content"
+        );
+    }
+}

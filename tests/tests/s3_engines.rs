@@ -1,0 +1,209 @@
+//! The `s3` large engine against the test S3 server (a real one, started
+//! by scripts/test.sh): the backend conformance suite, alone and
+//! fleet-shared, and the engine's own promises — one writer per prefix,
+//! abandoned multipart uploads reclaimed, bad coordinates as clear errors
+//! that carry no secret.
+
+#![cfg(feature = "s3")]
+
+use alkblobs::backend::s3::S3Backend;
+use alkblobs::conformance::backend::Caps;
+use alkblobs::large_backend_suite;
+use alkblobs_tests::s3::options;
+
+// Over the network each put is a request or several: a listing of 2,500
+// keys crosses S3's 1,000-key pages.
+const S3: Caps = Caps {
+    max_value: 8 << 20,
+    list_keys: 2_500,
+};
+
+large_backend_suite!(s3, S3, async {
+    (S3Backend::open(options("suite")).await.unwrap(), ())
+});
+
+large_backend_suite!(s3_shared, S3, async {
+    (
+        S3Backend::open(options("suite-shared").shared(true))
+            .await
+            .unwrap(),
+        (),
+    )
+});
+
+use std::time::{Duration, Instant};
+
+use alkblobs::backend::s3::S3Options;
+use alkblobs::backend::{Backend, BackendExt, LargeBackend, OpenMode};
+use alkblobs::{Error, Key};
+use alkblobs_tests::proc::Helper;
+use alkblobs_tests::s3::{bucket, location};
+
+const HELPER: &str = env!("CARGO_BIN_EXE_alkblobs-test-helper");
+
+/// An in-process arbiter sweeps against its own pins only, so a prefix has
+/// one writer: a second gets `InUse` naming the holder, readers open
+/// beside it, and the prefix is free again once the first closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_has_one_writer_and_any_number_of_readers() {
+    let opts = options("lease");
+    let a = S3Backend::open(opts.clone()).await.unwrap();
+    match S3Backend::open(opts.clone()).await {
+        Err(Error::InUse { holder, .. }) => {
+            assert!(holder.contains(&std::process::id().to_string()), "{holder}")
+        }
+        other => panic!("a second writer must get InUse, got {other:?}"),
+    }
+    let r = S3Backend::open(opts.clone().mode(OpenMode::ReadOnly))
+        .await
+        .expect("a reader opens beside the writer");
+    let key = Key::of(b"seen by the reader");
+    a.put(&key, bytes::Bytes::from_static(b"seen by the reader"))
+        .await
+        .unwrap();
+    assert!(r.has(&key).await.unwrap());
+    assert!(matches!(r.delete(&key).await, Err(Error::ReadOnly { .. })));
+    a.close().await.unwrap();
+    let b = S3Backend::open(opts)
+        .await
+        .expect("free once the first closed");
+    assert!(b.has(&key).await.unwrap());
+    // A fleet's prefix is shared: no lease, so a fleet-shared open beside
+    // the writer succeeds (only the fleet arbiter sweeps such a prefix).
+    let shared = S3Backend::open(
+        S3Options::new(b.location().clone())
+            .part_size(5 << 20)
+            .shared(true),
+    )
+    .await
+    .expect("a fleet-shared open takes no lease");
+    assert!(shared.has(&key).await.unwrap());
+}
+
+/// A writer SIGKILLed while its multipart upload runs: nothing of the blob
+/// is visible, its lease lapses (three TTLs) so another process can write
+/// the prefix, a sweep's reclaim leaves the upload alone within its grace
+/// and aborts it after, and the key can be put afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_mid_upload_leaves_nothing_and_its_upload_is_reclaimed() {
+    let loc = location("killed");
+    let mut h = Helper::spawn(
+        HELPER,
+        &["s3-put-then-die", &bucket(), &loc.prefix(), "160"],
+    );
+    let line = h.line().expect("the helper's first line");
+    let key = Key::parse(line.strip_prefix("committing ").expect(&line)).unwrap();
+    let reader = S3Backend::open(S3Options::new(loc.clone()).mode(OpenMode::ReadOnly))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reader.uploads_in_progress().await.unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the helper's upload never began");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.child.kill().unwrap();
+    h.child.wait().unwrap();
+    assert!(
+        !reader.has(&key).await.unwrap(),
+        "160 MiB in 5 MiB parts one at a time finished in 200 ms, or a killed upload is visible"
+    );
+    assert_eq!(reader.list_all().await.unwrap(), vec![]);
+    assert_eq!(reader.uploads_in_progress().await.unwrap(), 1);
+
+    // The dead writer's lease lapses after three TTLs (3 s each).
+    let open = |grace: Duration| {
+        let loc = loc.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match S3Backend::open(
+                    S3Options::new(loc.clone())
+                        .part_size(5 << 20)
+                        .lease_ttl(Duration::from_secs(3))
+                        .upload_grace(grace),
+                )
+                .await
+                {
+                    Ok(e) => return e,
+                    Err(Error::InUse { .. }) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(250)).await
+                    }
+                    Err(e) => panic!("open after the writer died: {e}"),
+                }
+            }
+        }
+    };
+    let w = open(Duration::from_secs(3600)).await;
+    assert_eq!(
+        w.reclaim_abandoned().await.unwrap(),
+        0,
+        "an upload younger than its grace may still be running"
+    );
+    assert_eq!(w.uploads_in_progress().await.unwrap(), 1);
+    w.close().await.unwrap();
+    let w = open(Duration::ZERO).await;
+    assert_eq!(w.reclaim_abandoned().await.unwrap(), 1);
+    assert_eq!(w.uploads_in_progress().await.unwrap(), 0);
+    assert!(!w.has(&key).await.unwrap());
+    let mut again = w.begin_write().await.unwrap();
+    for i in 0..12 {
+        again
+            .write(alkblobs_tests::data(i, 1 << 20).into())
+            .await
+            .unwrap();
+    }
+    let small_key = {
+        let mut hash = blake3::Hasher::new();
+        for i in 0..12 {
+            hash.update(&alkblobs_tests::data(i, 1 << 20));
+        }
+        Key::from_hash(hash.finalize())
+    };
+    again.commit(&small_key).await.unwrap();
+    assert_eq!(w.size(&small_key).await.unwrap(), Some(12 << 20));
+}
+
+fn open_as(env: &[(&str, &str)], bucket: &str) -> Vec<String> {
+    let out = std::process::Command::new(HELPER)
+        .args(["s3-open", bucket, "p"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// A missing bucket and refused credentials are one clear `Config` error
+/// naming the bucket, and no secret appears in its text or `Debug` form.
+#[test]
+fn bad_coordinates_are_clear_errors_without_secrets() {
+    let b = bucket();
+    assert_eq!(open_as(&[], &b), ["ok"]);
+    let missing = open_as(&[], "alkblobs-no-such-bucket");
+    assert_eq!(missing[0], "error Config", "{missing:?}");
+    assert!(
+        missing[1].contains("alkblobs-no-such-bucket"),
+        "{missing:?}"
+    );
+    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").unwrap();
+    let wrong = "0000000000000000000000000000000000000000000000000000000000000000";
+    for env in [
+        vec![("AWS_SECRET_ACCESS_KEY", wrong)],
+        vec![("AWS_ACCESS_KEY_ID", "GK000000000000000000000000")],
+    ] {
+        let lines = open_as(&env, &b);
+        assert_eq!(lines[0], "error Config", "{env:?}: {lines:?}");
+        assert!(lines[1].contains(&b), "{lines:?}");
+        for l in &lines {
+            assert!(
+                !l.contains(&secret) && !l.contains(wrong),
+                "a secret in {l:?}"
+            );
+        }
+    }
+}
