@@ -208,6 +208,8 @@ struct Inner {
     display: String,
     /// Puts of one key in this process, one at a time.
     keys: KeyLocks,
+    /// Part buffers of multipart uploads, reused.
+    buffers: upload::PartBuffers,
     /// Cleared when the service refused `If-None-Match` (some compatible
     /// services do): puts then rely on the per-key serialisation and
     /// content addressing alone.
@@ -377,6 +379,7 @@ impl S3Backend {
             store,
             display,
             keys: KeyLocks::default(),
+            buffers: upload::PartBuffers::default(),
             conditional: AtomicBool::new(true),
             lease: std::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -653,6 +656,31 @@ impl Backend for S3Backend {
 impl LargeBackend for S3Backend {
     async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         let path = self.inner.opts.location.blob(key);
+        // One ranged GET (the service clamps the end to the object's
+        // size); only an empty range, or a start the service refuses as
+        // past the end (416), takes the HEAD below to answer exactly.
+        if len > 0 {
+            let opts = object_store::GetOptions {
+                range: Some(object_store::GetRange::Bounded(
+                    offset..offset.saturating_add(len),
+                )),
+                ..Default::default()
+            };
+            match self.inner.store.get_opts(&path, opts).await {
+                Ok(r) => {
+                    return r
+                        .bytes()
+                        .await
+                        .map(Some)
+                        .map_err(|e| self.inner.err("read a range", e));
+                }
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) if transport_failure(&e) => {
+                    return Err(self.inner.err("read a range", e));
+                }
+                Err(_) => {}
+            }
+        }
         let Some(size) = self.inner.head_size(&path).await? else {
             return Ok(None);
         };
