@@ -67,7 +67,11 @@ install)
     # Its smallest build: the sqlite metadata engine, bundled C libraries,
     # none of the optional features (k2v, consul/kubernetes discovery,
     # telemetry, lmdb).
-    cargo install garage --version "$version" --locked --no-default-features \
+    # A test server: built for build time (opt-level 1, no LTO, parallel
+    # codegen), not for speed.
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_LTO=false \
+        CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=false \
+        cargo install garage --version "$version" --locked --no-default-features \
         --features bundled-libs,sqlite --root "$garage_root"
     ;;
 start)
