@@ -142,8 +142,9 @@ fn check_large_tier(dir: &Path, declared: &str) -> Result<bool> {
     let marker = dir.join("large-tier");
     let recorded = match std::fs::read_to_string(&marker) {
         Ok(text) => return same_tier(dir, text.trim(), declared).map(|()| false),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(marker_err(&marker, e)),
+        // Absent, or unreadable (a directory that cannot exist, no
+        // permission): the engines' own opens report that, classified.
+        Err(_) => None,
     };
     // Stores made before the record keep their large tier in dir/large.
     let recorded = recorded.or_else(|| Store::dir_paths(dir).0.exists().then_some("local"));
