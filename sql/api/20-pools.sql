@@ -151,8 +151,6 @@ CREATE FUNCTION @extschema@.alkblobs_create_pool(
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    other text;
 BEGIN
     IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL OR $8 IS NULL THEN
         RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes, single_instance and history_keep must not be NULL'
@@ -176,19 +174,21 @@ BEGIN
     IF $11 IS NOT NULL THEN
         -- A prefix is one pool's: a pool sweeping under another's prefix
         -- would delete what the other holds. Creations of s3 pools take
-        -- turns, so two cannot both pass this check.
+        -- turns (a transaction-level advisory lock; nothing else waits),
+        -- and at READ COMMITTED the check after the lock sees every s3 pool
+        -- committed before it, so two cannot both pass.
         IF $11 !~ '^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*''()-]+)*$' OR $11 ~ '/\.\.?(/|$)' THEN
             RAISE EXCEPTION 'large_location must be ''s3://bucket'' or ''s3://bucket/prefix'' (a bucket name, then path segments of letters, digits and !_.*''()- with no empty, "." or ".." segment), got %', quote_literal($11)
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        LOCK TABLE alkblobs.pools IN SHARE ROW EXCLUSIVE MODE;
-        SELECT p.large_location INTO other FROM alkblobs.pools p
+        PERFORM alkblobs.require_read_committed('alkblobs_create_pool of an s3 pool');
+        PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('alkblobs s3 pool locations'));
+        PERFORM 1 FROM alkblobs.pools p
          WHERE p.large_location IS NOT NULL
-           AND (p.large_location || '/' LIKE replace(replace($11, '_', '\_'), '%', '\%') || '/%'
-                OR $11 || '/' LIKE replace(replace(p.large_location, '_', '\_'), '%', '\%') || '/%')
-         LIMIT 1;
+           AND (starts_with(p.large_location || '/', $11 || '/')
+                OR starts_with($11 || '/', p.large_location || '/'));
         IF FOUND THEN
-            RAISE EXCEPTION 'large_location % overlaps another pool''s (%): a pool''s prefix is its own', quote_literal($11), quote_literal(other)
+            RAISE EXCEPTION 'large_location % overlaps the location of another pool: a pool''s prefix is its own, and none may nest in another', quote_literal($11)
                 USING ERRCODE = 'duplicate_object';
         END IF;
     END IF;

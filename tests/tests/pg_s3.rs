@@ -251,3 +251,63 @@ async fn fleet_processes_share_an_s3_pool_and_lose_nothing() {
         );
     }
 }
+
+/// The dedup-versus-delete race across instances: instance B's sweep has
+/// claimed a key (its tombstone committed, the object about to go) while
+/// instance A puts the same bytes, whose object still exists. A's put must
+/// not take the doomed object for its own: it waits for the claim (or
+/// reports a retryable conflict) and then uploads afresh, so the key is
+/// present once A's put returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_put_racing_another_instances_claim_keeps_its_key() {
+    use alkblobs::{SweepOptions, SweepPhase};
+    let (pool, loc) = s3_pool("pgs3-dedup", false).await;
+    let a = fleet(&pool, &loc).await;
+    let b = fleet(&pool, &loc).await;
+    let v = alkblobs_tests::data(42, 300_000);
+    let key = Key::of(&v);
+    drop(b.put(v.clone()).await.unwrap()); // unreferenced once its pin goes
+    let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let gates = std::sync::Arc::new(std::sync::Mutex::new(Some((claimed_tx, go_rx))));
+    let opts = SweepOptions::new().hook(move |phase| {
+        let gates = gates.clone();
+        Box::pin(async move {
+            if phase == SweepPhase::Claimed {
+                let g = gates.lock().unwrap().take();
+                if let Some((claimed, go)) = g {
+                    let _ = claimed.send(());
+                    let _ = go.await;
+                }
+            }
+        })
+    });
+    let sweep = tokio::spawn(async move { b.sweep(opts).await });
+    claimed_rx.await.expect("B's sweep claimed nothing");
+    // A puts the same bytes while B holds its claim.
+    let a2 = a.clone();
+    let v2 = v.clone();
+    let put = tokio::spawn(async move {
+        loop {
+            match a2.put(v2.clone()).await {
+                Ok(p) => return p,
+                Err(e) if e.is_retryable() => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("A's put: {e}"),
+            }
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    go_tx.send(()).unwrap();
+    let report = sweep.await.unwrap().expect("B's sweep");
+    assert_eq!(report.deleted, 1, "{report:?}");
+    let p = put.await.unwrap();
+    assert_eq!(p.key, key);
+    assert_eq!(
+        a.get(&key).await.unwrap().as_deref(),
+        Some(&v[..]),
+        "A's put lost its key"
+    );
+    drop(p);
+}

@@ -78,6 +78,9 @@ async fn probe_conditional(inner: &Arc<Inner>) -> Result<()> {
 pub(super) struct Lease {
     owner: String,
     lost: Arc<AtomicBool>,
+    /// When a renewal last succeeded (or the lease was taken).
+    confirmed: Arc<std::sync::Mutex<std::time::Instant>>,
+    ttl: std::time::Duration,
     renewal: tokio::task::JoinHandle<()>,
 }
 
@@ -118,7 +121,15 @@ fn holder_is_dead_here(text: &str) -> bool {
     else {
         return false;
     };
-    pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    if pid == std::process::id() || pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    // Signal 0 probes without signalling: only ESRCH means no such process
+    // (EPERM is a live process of another user; a /proc mounted with
+    // hidepid would hide it and must not read as dead).
+    // SAFETY: kill(2) with signal 0 has no effect on the target.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 fn owner_of(bytes: &Bytes) -> (String, String) {
@@ -143,10 +154,18 @@ impl Lease {
             // does with conditions.
             if Self::take_over(inner, &owner).await? {
                 let lost = Arc::new(AtomicBool::new(false));
-                let renewal = tokio::spawn(renew(inner.clone(), owner.clone(), lost.clone()));
+                let confirmed = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+                let renewal = tokio::spawn(renew(
+                    inner.clone(),
+                    owner.clone(),
+                    lost.clone(),
+                    confirmed.clone(),
+                ));
                 return Ok(Lease {
                     owner,
                     lost,
+                    confirmed,
+                    ttl,
                     renewal,
                 });
             }
@@ -252,11 +271,31 @@ impl Lease {
     }
 
     /// Ok while the lease is this process's.
+    ///
+    /// A lease not renewed for a whole TTL (the service unreachable, the
+    /// renewal task stalled, this process paused) is treated as lost until
+    /// a renewal succeeds: another process may take it after three TTLs,
+    /// so this one stops writing and deleting well before.
     pub(super) fn check(&self) -> Result<()> {
         if self.lost.load(Ordering::Acquire) {
             return Err(Error::InUse {
                 resource: PathBuf::from("the S3 prefix's lease (alkblobs.lock)"),
                 holder: "another process took it over; this one stopped writing".into(),
+            });
+        }
+        let since = self
+            .confirmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed();
+        if since > self.ttl {
+            return Err(Error::Unavailable {
+                engine: "s3".into(),
+                source: format!(
+                    "the prefix's lease was last renewed {since:?} ago (TTL {:?}): writes and deletes wait for a renewal",
+                    self.ttl
+                )
+                .into(),
             });
         }
         Ok(())
@@ -298,7 +337,12 @@ async fn server_now(inner: &Arc<Inner>) -> Result<SystemTime> {
 /// Renews the lease every third of its TTL; marks it lost when another
 /// process holds it. Transient failures are retried at the next tick (the
 /// lease only lapses after three TTLs).
-async fn renew(inner: Arc<Inner>, owner: String, lost: Arc<AtomicBool>) {
+async fn renew(
+    inner: Arc<Inner>,
+    owner: String,
+    lost: Arc<AtomicBool>,
+    confirmed: Arc<std::sync::Mutex<std::time::Instant>>,
+) {
     let path = inner.opts.location.lease();
     let mut tick = tokio::time::interval(inner.opts.lease_ttl / 3);
     tick.tick().await;
@@ -310,10 +354,12 @@ async fn renew(inner: Arc<Inner>, owner: String, lost: Arc<AtomicBool>) {
                 (owner_of(&g.bytes().await.unwrap_or_default()).0, meta)
             }
             Err(object_store::Error::NotFound { .. }) => {
-                // Deleted by hand: write it again (ours until someone
-                // else writes it).
-                let _ = inner.store.put(&path, body(&owner)).await;
-                continue;
+                // Deleted (by hand, or released and taken meanwhile): never
+                // recreated blindly over a process that may be taking it
+                // now. This store stops writing; reopen it.
+                tracing::error!(engine = %inner.display, "the prefix's lease is gone; this store stops writing");
+                lost.store(true, Ordering::Release);
+                return;
             }
             Err(e) => {
                 tracing::warn!(engine = %inner.display, error = %inner.err("renew the prefix's lease", e), "lease renewal failed; retrying");
@@ -336,8 +382,11 @@ async fn renew(inner: Arc<Inner>, owner: String, lost: Arc<AtomicBool>) {
             },
             ..PutOptions::default()
         };
+        let started = std::time::Instant::now();
         match inner.store.put_opts(&path, body(&owner), opts).await {
-            Ok(_) => {}
+            Ok(_) => {
+                *confirmed.lock().unwrap_or_else(|p| p.into_inner()) = started;
+            }
             Err(object_store::Error::Precondition { .. }) => {
                 // Replaced between the read and the write: the next round
                 // reads whose it is.

@@ -132,7 +132,22 @@ impl S3Location {
         let shard = parts.next_back()?;
         let (name, shard) = (name.as_ref(), shard.as_ref());
         let key: Key = name.parse().ok()?;
-        (name.len() == 64 && shard.len() == 2 && name.starts_with(shard)).then_some(key)
+        // Exactly this location's path for the key: a listing is recursive,
+        // so another store's prefix nested in this one (`p/blobs/…` under
+        // `p`) must not pass for this store's blobs.
+        (name.len() == 64 && shard.len() == 2 && *path == self.blob(&key)).then_some(key)
+    }
+
+    /// Whether `path` is one of this location's upload markers: a direct
+    /// child of `uploads/` named by 32 hex digits (never an object of a
+    /// prefix nested below this one).
+    pub(super) fn is_marker(&self, path: &Path) -> bool {
+        let Some(name) = path.filename() else {
+            return false;
+        };
+        name.len() == 32
+            && name.bytes().all(|b| b.is_ascii_hexdigit())
+            && *path == self.upload_marker(name)
     }
 }
 

@@ -362,9 +362,9 @@ impl S3Backend {
                 opts.upload_concurrency
             )));
         }
-        if opts.lease_ttl < Duration::from_secs(3) {
+        if opts.lease_ttl < Duration::from_secs(3) || opts.lease_ttl > Duration::from_secs(3600) {
             return Err(Error::Config(format!(
-                "the S3 prefix lease's TTL is at least 3 s, got {:?}",
+                "the S3 prefix lease's TTL is 3 s to 1 hour, got {:?}",
                 opts.lease_ttl
             )));
         }
@@ -447,9 +447,22 @@ fn build(opts: &S3Options) -> object_store::Result<(AmazonS3, bool)> {
         b = b.with_endpoint(e);
     }
     let keys_given = !unset(&b, AmazonS3ConfigKey::AccessKeyId);
-    let plain_http = b
-        .get_config_value(&AmazonS3ConfigKey::Endpoint)
-        .is_some_and(|e| e.starts_with("http://"));
+    let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint);
+    // Credentials belong in the AWS environment or files, never in a URL
+    // that options, errors and logs print.
+    if endpoint.as_deref().is_some_and(|e| {
+        e.split_once("://")
+            .map_or(e, |(_, rest)| rest)
+            .split('/')
+            .next()
+            .is_some_and(|authority| authority.contains('@'))
+    }) {
+        return Err(object_store::Error::Generic {
+            store: "S3",
+            source: "the endpoint URL holds credentials (user:secret@host): give them in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the AWS files instead".into(),
+        });
+    }
+    let plain_http = endpoint.is_some_and(|e| e.starts_with("http://"));
     b.with_client_options(ClientOptions::new().with_allow_http(plain_http))
         .with_retry(RetryConfig {
             retry_timeout: opts.retry_timeout,

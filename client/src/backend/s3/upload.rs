@@ -226,6 +226,11 @@ impl Inner {
             .map_err(|e| self.err("list upload markers", e))?;
         let mut reclaimed = 0;
         for m in markers {
+            // Only this location's markers (the listing is recursive), and
+            // only marker-sized ones.
+            if !self.opts.location.is_marker(&m.location) || m.size > 4096 {
+                continue;
+            }
             let age = now
                 .duration_since(std::time::SystemTime::from(m.last_modified))
                 .unwrap_or_default();
@@ -239,7 +244,14 @@ impl Inner {
             };
             let text = String::from_utf8_lossy(&body);
             let mut lines = text.lines();
-            if let (Some(object), Some(upload_id)) = (lines.next(), lines.next()) {
+            if let (Some(object), Some(upload_id)) = (lines.next(), lines.next())
+                // The upload of one of this location's blobs, nothing else.
+                && self
+                    .opts
+                    .location
+                    .key_of(&Path::from(object))
+                    .is_some()
+            {
                 match self
                     .store
                     .abort_multipart(&Path::from(object), &upload_id.to_owned())
