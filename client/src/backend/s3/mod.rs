@@ -4,7 +4,9 @@
 //! (`location.rs`), where credentials come from (`config.rs`), publishing
 //! a blob and reclaiming abandoned uploads (`upload.rs`), the streaming
 //! writer (`writer.rs`) and the lease of a prefix one process writes
-//! (`lease.rs`).
+//! (`lease.rs`). (Long because the module docs below are the engine's
+//! design, and its error classification and the whole contract live
+//! together, as in the other engines' `mod.rs`.)
 //!
 //! # What S3 promises, and what the engine relies on
 //!
