@@ -172,8 +172,11 @@ impl Inner {
         marker: &Path,
         source: Source,
     ) -> Result<Vec<PartId>> {
-        let part = self.opts.part_size as u64;
         let len = source.len();
+        // S3 takes at most 10,000 parts: a blob over 10,000 × part_size
+        // (78 GiB at 8 MiB) goes in bigger parts instead of failing at the
+        // 10,001st.
+        let part = (self.opts.part_size as u64).max(len.div_ceil(MAX_PARTS));
         let count = len.div_ceil(part).max(1);
         let source = Arc::new(Mutex::new(source));
         let id = id.to_owned();
@@ -348,6 +351,9 @@ async fn read_part(
     .await
     .map_err(|e| Error::engine("s3", format!("blocking task failed: {e}")))?
 }
+
+/// S3's most parts per multipart upload.
+const MAX_PARTS: u64 = 10_000;
 
 /// A fresh random name for an upload marker.
 fn random_id() -> String {
