@@ -311,3 +311,33 @@ async fn a_put_racing_another_instances_claim_keeps_its_key() {
     );
     drop(p);
 }
+
+/// The location check of `alkblobs_create_pool` holds only at READ
+/// COMMITTED (a snapshot taken before its lock would miss a pool created
+/// meanwhile): at REPEATABLE READ and SERIALIZABLE an s3 pool's creation is
+/// refused with AB003, and at READ COMMITTED it goes ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_pools_are_created_only_at_read_committed() {
+    let c = connect().await;
+    ensure_extension(&c).await;
+    for level in ["REPEATABLE READ", "SERIALIZABLE", "READ COMMITTED"] {
+        let loc = location("pgs3-iso");
+        c.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        let r = c
+            .execute(
+                "SELECT alkblobs_create_pool($1, large_tier => 's3', large_location => $2)",
+                &[&unique("pgs3-iso"), &loc.to_string()],
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| sqlstate(&e));
+        c.batch_execute("ROLLBACK").await.unwrap();
+        if level == "READ COMMITTED" {
+            assert_eq!(r, Ok(()), "{level}");
+        } else {
+            assert_eq!(r, Err("AB003".to_owned()), "{level}");
+        }
+    }
+}
