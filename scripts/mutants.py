@@ -89,9 +89,13 @@ def test_targets():
 
 def package_args(package, target):
     args = ["-p", package]
-    if package == "alkblobs-tests" and target.startswith("pg_"):
+    if package == "alkblobs-tests" and target == "pg_s3":
+        args += ["--features", "pg,s3"]
+    elif package == "alkblobs-tests" and target.startswith("s3_"):
+        args += ["--features", "s3"]
+    elif package == "alkblobs-tests" and target.startswith("pg_"):
         args += ["--features", "pg"]
-    if package == "alkblobs" and target == "cli_pg":
+    if package == "alkblobs" and target in ("cli_pg", "cli_s3"):
         args += ["--features", "pg-tests"]
     return args + ["--test", target]
 
@@ -149,6 +153,25 @@ def sql_only_cluster():
     return dict(line.split("=", 1) for line in r.stdout.split())
 
 
+def uses_s3(m, targets):
+    """Whether a mutation's tests need the S3 server."""
+    try:
+        return any("s3" in args[-1] for args, _ in runs(m, targets))
+    except LookupError:
+        return False  # reported as broken when it runs
+
+
+def s3_server(action):
+    """Starts (returning the env its tests read) or stops the test S3 server."""
+    r = subprocess.run(["scripts/s3-server.sh", action], cwd=root, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"scripts/s3-server.sh {action} failed: {r.stderr.strip()}")
+    return dict(line.split("=", 1) for line in r.stdout.split())
+
+
+S3_ENV = {}
+
+
 def run(m, targets, baseline=False):
     path = root / m["file"]
     original = path.read_text()
@@ -179,7 +202,7 @@ def run(m, targets, baseline=False):
                 return "broken"
         caught = []
         for args, filters in plan:
-            env = {"ALKBLOBS_PG_URL": PG1, "ALKBLOBS_PG_URL_OTHER": PG2, **m["env"], **extra}
+            env = {"ALKBLOBS_PG_URL": PG1, "ALKBLOBS_PG_URL_OTHER": PG2, **S3_ENV, **m["env"], **extra}
             # A mutation that does not build proves nothing: build first.
             if sh(["cargo", "test", "--no-run"] + args, env=env, quiet=True) != 0:
                 print(f"  the mutated code does not build ({' '.join(args)}): update the entry")
@@ -226,6 +249,9 @@ def main():
     targets = test_targets()
     clusters("stop")
     clusters("start")
+    s3 = any(uses_s3(m, targets) for m in chosen)
+    if s3:
+        S3_ENV.update(s3_server("start"))
     if baseline and any(m["kind"] == "ext" for m in chosen) and not install_extension():
         raise SystemExit("cannot install the extension")
     results = []
@@ -242,6 +268,8 @@ def main():
             sh(["scripts/gen-upgrade.py", "--inline"], quiet=True)
             install_extension()  # the unmutated extension back
         clusters("stop")
+        if s3:
+            s3_server("stop")
         if any(m["kind"] == "sqlonly" for m in chosen):
             sh(["scripts/sql-only-cluster.sh", "stop"], quiet=True)
     want = "passes" if baseline else "caught"

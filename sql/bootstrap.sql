@@ -242,6 +242,25 @@ CREATE TABLE alkblobs.files (
     -- Not published, so nothing may reference it, and alkblobs_pin_new
     -- refuses to record the key afresh (55006) until the delete is done.
     deleting_since timestamptz,
+    -- Which object holds the key's bytes on an s3 tier (0: the key's own
+    -- name; N > 0: the name with a `.gN` suffix): what alkblobs_pin_new
+    -- handed the writer, from alkblobs.file_fences (0.8.0).
+    generation   bigint NOT NULL DEFAULT 0 CONSTRAINT generation_not_negative CHECK (generation >= 0),
+    PRIMARY KEY (pool, key)
+);
+
+-- Keys whose tombstone a claim handed out again (its first claimer looked
+-- dead, but may only be stopped: SIGSTOP, a long pause, a partition). That
+-- claimer may still send the delete it was about to send, at any time, for
+-- the objects of the generations it was handed; so a key recorded afresh
+-- gets `generation` (one past every generation a claimer was ever handed),
+-- an object name no late delete can name. Rows stay: a stopped process can
+-- resume at any time. (0.8.0; docs/design.md, "The shared tier over S3".)
+CREATE TABLE alkblobs.file_fences (
+    pool        integer NOT NULL REFERENCES alkblobs.pools (id),
+    key         bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    generation  bigint NOT NULL CONSTRAINT generation_positive CHECK (generation > 0),
+    fenced_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (pool, key)
 );
 
@@ -363,6 +382,7 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.staged', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.files', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.file_fences', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_staged', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_roots', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps', '');

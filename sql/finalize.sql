@@ -246,6 +246,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_stage(text, bytea[]),
     @extschema@.alkblobs_claim_local(text, integer),
     @extschema@.alkblobs_local_deleting(text, bytea[]),
+    @extschema@.alkblobs_local_deleting_generations(text, bytea[]),
     @extschema@.alkblobs_local_deleted(text, bytea[]),
     @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer),
     @extschema@.alkblobs_sweep_lease(text, text, interval),

@@ -211,14 +211,19 @@ END $$;
 -- (and then records it afresh), and removing the key's staged row waits
 -- out a claim deciding it, so the file the caller then puts in place
 -- cannot be deleted on stale staging, and its window restarts. Only in
--- pools whose large tier is 'local' (22023 elsewhere).
+-- pools whose large tier is shared, 'local' or 's3' (22023 elsewhere).
+-- Returns the record's generation: the object an s3 tier keeps the bytes
+-- in (0 the key's own name, N > 0 the name with `.gN`), which a key whose
+-- tombstone was handed out again gets afresh (alkblobs.file_fences), so a
+-- stopped claimer's late delete cannot name it (0.8.0; void before).
 CREATE FUNCTION @extschema@.alkblobs_pin_new(pool text, key bytea, owner text)
-RETURNS void
+RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
     tomb timestamptz;
+    gen bigint;
 BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
@@ -231,9 +236,11 @@ BEGIN
     -- The staged row first, then the record: the order a claim locks them
     -- in, so the two cannot deadlock.
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
-    INSERT INTO alkblobs.files AS f (pool, key) VALUES (pl.id, $2)
+    INSERT INTO alkblobs.files AS f (pool, key, generation)
+    VALUES (pl.id, $2, coalesce((SELECT ff.generation FROM alkblobs.file_fences ff
+                                  WHERE ff.pool = pl.id AND ff.key = $2), 0))
     ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET recorded_at = f.recorded_at
-    RETURNING f.deleting_since INTO tomb;
+    RETURNING f.deleting_since, f.generation INTO tomb, gen;
     IF tomb IS NOT NULL THEN
         -- A claim committed this file's deletion and its claimer may be
         -- unlinking it right now: a file put in place before that is done
@@ -244,6 +251,7 @@ BEGIN
                   HINT = 'The claiming sweep removes the tombstone when its files are gone (alkblobs_local_deleted); if it died, the next sweep finishes its claim.';
     END IF;
     PERFORM alkblobs.pin_row(pl, $2, $3);
+    RETURN gen;
 END $$;
 
 -- Marks files the caller recorded with alkblobs_pin_new as published, once

@@ -125,12 +125,21 @@ BEGIN
            FOR UPDATE OF s SKIP LOCKED) x;
     -- Tombstones of claims whose claimer has not confirmed the delete
     -- (it died, or is still at it: unlinking twice is harmless, and nobody
-    -- can record these keys meanwhile): handed out again, first.
+    -- can record these keys meanwhile): handed out again, first. Their
+    -- first claimer may only be stopped, and send its delete whenever it
+    -- resumes: the key's fence moves one past the generation handed out,
+    -- so the key, recorded afresh, names an object that delete cannot.
     RETURN QUERY
-        SELECT t.key FROM (
-            SELECT f.key FROM alkblobs.files f
+        WITH t AS (
+            SELECT f.key, f.generation FROM alkblobs.files f
              WHERE f.pool = pl.id AND f.deleting_since IS NOT NULL
-             ORDER BY f.key LIMIT $2 FOR UPDATE SKIP LOCKED) t;
+             ORDER BY f.key LIMIT $2 FOR UPDATE SKIP LOCKED),
+        fenced AS (
+            INSERT INTO alkblobs.file_fences AS ff (pool, key, generation)
+            SELECT pl.id, t.key, t.generation + 1 FROM t ORDER BY t.key
+            ON CONFLICT ON CONSTRAINT file_fences_pkey DO UPDATE
+               SET generation = greatest(ff.generation, excluded.generation), fenced_at = clock_timestamp())
+        SELECT t.key FROM t ORDER BY t.key;
     IF batch IS NULL THEN
         RETURN;
     END IF;
@@ -153,9 +162,12 @@ BEGIN
     -- keys whose pins someone is changing stay staged for the next claim.
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = ANY(ours) AND NOT (s.key = ANY(pr.busy));
     -- Tombstones (also for a dead file nobody recorded, so that a pin_new
-    -- of its key cannot slip in before it is unlinked).
-    INSERT INTO alkblobs.files AS f (pool, key, published, deleting_since)
-    SELECT pl.id, d, false, clock_timestamp() FROM unnest(dead) d ORDER BY d
+    -- of its key cannot slip in before it is unlinked; its objects can be
+    -- of any generation up to the key's fence).
+    INSERT INTO alkblobs.files AS f (pool, key, published, deleting_since, generation)
+    SELECT pl.id, d, false, clock_timestamp(),
+           coalesce((SELECT ff.generation FROM alkblobs.file_fences ff WHERE ff.pool = pl.id AND ff.key = d), 0)
+      FROM unnest(dead) d ORDER BY d
     ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET published = false, deleting_since = clock_timestamp();
     RETURN QUERY SELECT d FROM unnest(dead) d ORDER BY d;
 END $$;
@@ -173,6 +185,18 @@ CREATE FUNCTION @extschema@.alkblobs_local_deleting(pool text, keys bytea[])
 RETURNS SETOF bytea
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN QUERY SELECT g.key FROM @extschema@.alkblobs_local_deleting_generations($1, $2) g;
+END $$;
+
+-- alkblobs_local_deleting with each tombstone's generation (0.8.0): the
+-- caller deletes the key's objects of generations up to it (on s3, the
+-- key's own name and its `.gN` names for N up to it; a local tier has
+-- only the key's own name), never a later one.
+CREATE FUNCTION @extschema@.alkblobs_local_deleting_generations(pool text, keys bytea[])
+RETURNS TABLE (key bytea, generation bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'sweep');
 BEGIN
@@ -181,8 +205,8 @@ BEGIN
     PERFORM alkblobs.not_null($2, 'keys');
     PERFORM alkblobs.max_keys($2, 10000);
     RETURN QUERY
-        SELECT t.key FROM (
-            SELECT f.key FROM alkblobs.files f
+        SELECT t.key, t.generation FROM (
+            SELECT f.key, f.generation FROM alkblobs.files f
              WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NOT NULL
              ORDER BY f.key FOR UPDATE) t;
 END $$;

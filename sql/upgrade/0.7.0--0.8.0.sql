@@ -38,6 +38,11 @@
 --   prefix in pools.large_location (alkblobs_create_pool's new
 --   large_location argument, alkblobs_pools' new column); an s3 pool's
 --   puts, pins, liveness and claims are the shared local tier's;
+-- * a claim that hands a tombstone out again fences its key
+--   (alkblobs.file_fences), and the key recorded afresh names another s3
+--   object (files.generation, returned by alkblobs_pin_new, read by the
+--   claim's phase 2 from alkblobs_local_deleting_generations): a stopped
+--   claimer resuming cannot delete a re-put object;
 -- * the 0.3.0 -> 0.4.0 migration of local-tier registrations (record the
 --   files their rows name) runs here, once, for any not yet swept since,
 --   and no longer in every sweep.
@@ -127,3 +132,20 @@ ALTER TABLE alkblobs.pools
                    CONSTRAINT location_format CHECK (large_location ~ '^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*''()-]+)*$' AND large_location !~ '/\.\.?(/|$)')
                    CONSTRAINT location_unique UNIQUE;
 DROP FUNCTION @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean, interval, interval, interval, interval);
+
+-- A stopped claimer's late delete cannot name a re-put object: a file
+-- record's generation (the s3 object it names), and the fences a re-handed
+-- tombstone leaves (alkblobs_pin_new now returns the generation; the
+-- claim's phase 2 reads it from alkblobs_local_deleting_generations).
+ALTER TABLE alkblobs.files
+    ADD COLUMN generation bigint NOT NULL DEFAULT 0 CONSTRAINT generation_not_negative CHECK (generation >= 0);
+CREATE TABLE alkblobs.file_fences (
+    pool        integer NOT NULL REFERENCES alkblobs.pools (id),
+    key         bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    generation  bigint NOT NULL CONSTRAINT generation_positive CHECK (generation > 0),
+    fenced_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pool, key)
+);
+REVOKE ALL ON alkblobs.file_fences FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.file_fences', '');
+DROP FUNCTION @extschema@.alkblobs_pin_new(text, bytea, text);

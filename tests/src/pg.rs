@@ -54,9 +54,13 @@ pub async fn ensure_extension(c: &Client) {
         );
         return;
     }
-    c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs")
-        .await
-        .expect("CREATE EXTENSION alkblobs");
+    // Tests of a fresh database start together: concurrent CREATE
+    // EXTENSION IF NOT EXISTS can both try (23505), so one at a time.
+    c.batch_execute(
+        "BEGIN; SELECT pg_advisory_xact_lock(7419, 1); CREATE EXTENSION IF NOT EXISTS alkblobs; COMMIT",
+    )
+    .await
+    .expect("CREATE EXTENSION alkblobs");
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);

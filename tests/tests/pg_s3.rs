@@ -341,3 +341,142 @@ async fn s3_pools_are_created_only_at_read_committed() {
         }
     }
 }
+
+/// Whether process `pid` is stopped (state `T` in /proc/PID/stat).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st == "T"))
+        })
+        .unwrap_or(false)
+}
+
+/// The stalled claimer (docs/design.md, "The shared tier over S3"): an
+/// instance in its own process claims a dead key, locks its tombstone and
+/// stops (SIGSTOP) before its delete is sent; its database connections
+/// die. Another instance's sweep hands the tombstone out again and deletes
+/// the object, and a writer re-puts the key and keeps its pin. Then the
+/// stopped claimer resumes and sends its delete. The re-put object must
+/// survive: the re-hand fenced the key, and its new record names a later
+/// generation (`<key>.g1`), which the late delete cannot name. Fails when
+/// the re-hand leaves no fence (the re-put is generation 0 again, the very
+/// object the late delete removes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_claimer_never_deletes_a_re_put_object() {
+    use futures::TryStreamExt;
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+    let c = connect().await;
+    let (pool, loc) = s3_pool("pgs3-stall", false).await;
+    let v = alkblobs_tests::data(77, 200_000);
+    let key = Key::of(&v);
+    let writer = fleet(&pool, &loc).await;
+    assert_eq!(writer.put(v.clone()).await.unwrap().key, key);
+    writer.close().await.unwrap(); // its pins go: the key is dead
+    drop(writer);
+
+    let app = unique("stalled");
+    let sep = if url().contains('?') { '&' } else { '?' };
+    let helper_url = format!("{}{sep}application_name={app}", url());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
+        .args([
+            "fleet-claim-then-stop",
+            &helper_url,
+            &pool,
+            &loc.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "deleting", "helper: {line:?}");
+    let pid = child.id();
+    let t0 = Instant::now();
+    while !stopped(pid) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the claimer never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its connections die (a partition, a server-side timeout): its lock
+    // on the tombstone and its sweep lease go with them.
+    loop {
+        let left: i64 = c
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Another instance: its sweep re-hands the tombstone and deletes.
+    let other = fleet(&pool, &loc).await;
+    let r = other.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+    assert_eq!(r.deleted, 1, "the re-handed tombstone's object: {r:?}");
+    assert!(!other.has(&key).await.unwrap());
+    // A writer re-puts the key and holds it.
+    let held = other.put(v.clone()).await.unwrap();
+    assert_eq!(held.key, key);
+
+    // The stopped claimer resumes and sends the delete it was about to.
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    let mut rest = String::new();
+    out.read_line(&mut rest).unwrap();
+    assert_eq!(rest.trim(), "swept error", "its connections are gone");
+    assert!(child.wait().unwrap().success());
+
+    assert_eq!(
+        other.get(&key).await.unwrap().map(|b| Key::of(&b)),
+        Some(key),
+        "the stalled claimer deleted the re-put object"
+    );
+    let generation: i64 = c
+        .query_one(
+            "SELECT f.generation FROM alkblobs.files f JOIN alkblobs.pools p ON p.id = f.pool WHERE p.name = $1 AND f.key = $2",
+            &[&pool, &key.as_bytes().to_vec()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        generation, 1,
+        "the re-put's record names the fenced generation (the object .g1)"
+    );
+    let fresh = fleet(&pool, &loc).await;
+    assert_eq!(
+        fresh.get(&key).await.unwrap().map(|b| Key::of(&b)),
+        Some(key)
+    );
+    assert_eq!(
+        fresh.list().try_collect::<Vec<_>>().await.unwrap(),
+        vec![key]
+    );
+    // Held, it survives sweeps; released, it is collected whole (every
+    // generation up to the tombstone's), leaving nothing in the bucket.
+    let r = fresh.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+    assert_eq!(r.deleted, 0, "{r:?}");
+    drop(held);
+    other.close().await.unwrap();
+    let r = fresh.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+    assert_eq!(r.deleted, 1, "{r:?}");
+    assert!(
+        fresh
+            .list()
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

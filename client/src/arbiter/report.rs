@@ -59,6 +59,10 @@ pub enum SweepPhase {
     Checked,
     /// A batch's deletions are claimed, about to be deleted.
     Claimed,
+    /// A claimed file of a fleet's shared tier is about to be deleted (its
+    /// tombstone locked, the delete not yet sent): where a stopped claimer
+    /// would stop (tests).
+    Deleting,
 }
 
 /// A progress update.

@@ -77,6 +77,9 @@ macro_rules! forward_backend {
             async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
                 (**self).read_range(key, offset, len).await
             }
+            async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
+                (**self).delete_through(key, through).await
+            }
         }
     };
 }

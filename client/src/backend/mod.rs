@@ -27,7 +27,9 @@ pub mod postgres;
 pub mod s3;
 pub mod sqlite;
 
+mod generation;
 mod lockfile;
+pub(crate) use generation::Generations;
 pub(crate) use lockfile::{InstanceLock, Wait};
 
 pub use crate::tier::KeyStream;
@@ -293,6 +295,21 @@ pub trait LargeBackend: Backend {
     /// - Clamped to the end like [`Backend::get_range`]; `offset > size` is
     ///   [`crate::Error::InvalidRange`].
     async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>>;
+
+    /// Deletes the key's content of every object generation up to
+    /// `through`, and none after it; returns its size if anything was
+    /// deleted. The fleet arbiter deletes a claimed key of a shared tier
+    /// with the generation its tombstone carries, so a claimer that stalls
+    /// and resumes late cannot delete a later generation put since (see
+    /// `docs/design.md`, "The shared tier over S3").
+    ///
+    /// # Behavior
+    /// - An engine that keeps one object per key (every engine but s3)
+    ///   has only generation 0: the default is [`Backend::delete`].
+    async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
+        let _ = through;
+        self.delete(key).await
+    }
 }
 
 /// A write in progress; see [`LargeBackend::begin_write`].

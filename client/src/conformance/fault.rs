@@ -206,4 +206,8 @@ impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
     async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.inner.read_range(key, offset, len).await
     }
+    async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
+        self.delete_fault()?;
+        self.inner.delete_through(key, through).await
+    }
 }

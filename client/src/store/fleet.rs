@@ -198,6 +198,10 @@ impl Store {
         // The arbiter's own two connections (renewal, releases, pin calls).
         let (control, _) = PgPool::connect(&opts.pg.clone().max_connections(2)).await?;
         let arbiter = Arc::new(FleetArbiter::start(pg.clone(), control, info, owner).await?);
+        // The object generations the database hands this instance's puts,
+        // which an s3 engine names its objects by.
+        #[cfg(feature = "s3")]
+        let generations = arbiter.generations();
         let builder = Store::builder()
             .kv(PostgresBackend::new(pg.clone()))
             .arbiter(arbiter)
@@ -215,8 +219,8 @@ impl Store {
             #[cfg(feature = "s3")]
             FleetLarge::S3(o) => {
                 let _ = o;
-                let o = s3.expect("checked above").shared(true);
-                builder.large(crate::backend::s3::S3Backend::open(o).await?)
+                let o = s3.expect("checked above");
+                builder.large(crate::backend::s3::S3Backend::open_fleet(o, generations).await?)
             }
         };
         builder.build()

@@ -28,6 +28,12 @@
 //!   local tier DIR sweeps; once its claim committed and the claimed files
 //!   are unlinked (before it confirms the delete), prints `claimed` and
 //!   hangs until killed.
+//! - `fleet-claim-then-stop URL POOL S3-LOCATION` (feature `s3`): a fleet
+//!   instance over the s3 pool at S3-LOCATION sweeps; once its claim
+//!   committed and a claimed object's tombstone is locked, before the
+//!   delete is sent, prints `deleting` and stops itself (SIGSTOP). Resumed,
+//!   it sends the delete, finishes or fails its sweep, and prints
+//!   `swept ok` or `swept error`.
 //! - `fleet-race URL POOL TABLE I SECS [S3-LOCATION]`: fleet instance I
 //!   (a pg-lo pool, or an s3 pool at S3-LOCATION)
 //!   puts, pins, writes and deletes liveness rows in TABLE, releases and
@@ -126,6 +132,7 @@ async fn main() {
         }
         Some("powercut") => powercut(&args[2]).await,
         #[cfg(feature = "s3")]
+        Some("fleet-claim-then-stop") => fleet_claim_then_stop(&args[2], &args[3], &args[4]).await,
         #[cfg(feature = "s3")]
         Some("s3-open") => {
             use alkblobs::backend::s3::{S3Backend, S3Location, S3Options};
@@ -485,4 +492,34 @@ async fn s3_put_then_die(bucket: &str, prefix: &str, mib: u64) {
     println!("committed");
     let _ = std::io::stdout().flush();
     std::future::pending::<()>().await;
+}
+
+/// `fleet-claim-then-stop`: see the module docs.
+#[cfg(feature = "s3")]
+async fn fleet_claim_then_stop(url: &str, pool: &str, location: &str) {
+    use alkblobs::backend::s3::S3Options;
+    use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+    let loc = location.parse().expect("an s3 location");
+    let store = Store::open_fleet(FleetOptions::new(
+        url,
+        pool,
+        FleetLarge::S3(S3Options::new(loc).retry_timeout(Duration::from_secs(5))),
+    ))
+    .await
+    .expect("open fleet");
+    let opts = SweepOptions::new().hook(|phase| {
+        Box::pin(async move {
+            if phase == SweepPhase::Deleting {
+                println!("deleting");
+                let _ = std::io::stdout().flush();
+                // Stopped as by a long pause: the parent resumes it.
+                // SAFETY: kill(2) on this process, no memory involved.
+                let stopped = unsafe { libc::kill(std::process::id() as i32, libc::SIGSTOP) };
+                assert_eq!(stopped, 0, "SIGSTOP itself");
+            }
+        })
+    });
+    let r = store.sweep(opts).await;
+    println!("swept {}", if r.is_ok() { "ok" } else { "error" });
+    let _ = std::io::stdout().flush();
 }

@@ -54,6 +54,7 @@ use super::{
     Arbiter, GcAbortCause, GcUsage, PinGuard, PinRelease, Pool, Scope, StagedRow, SweepOptions,
     SweepPhase, SweepProgress, SweepReport,
 };
+use crate::backend::Generations;
 use crate::pg::{PgPool, PoolInfo};
 use crate::tier::Tier;
 use crate::{Error, Key, Result};
@@ -113,6 +114,9 @@ struct Shared {
     info: PoolInfo,
     pins: Mutex<PinState>,
     wake_releaser: Notify,
+    /// What `alkblobs_pin_new` handed this instance's puts (the object an
+    /// s3 tier names; see `backend::Generations`), shared with the engine.
+    generations: Arc<Generations>,
 }
 
 impl fmt::Debug for Shared {
@@ -200,6 +204,7 @@ impl FleetArbiter {
             info,
             pins: Mutex::new(PinState::default()),
             wake_releaser: Notify::new(),
+            generations: Arc::default(),
         });
         let every = shared.info.pin_ttl / 3;
         let renewer = {
@@ -242,6 +247,13 @@ impl FleetArbiter {
     /// This store instance's id (the owner of its pin rows).
     pub fn owner(&self) -> &str {
         &self.shared.owner
+    }
+
+    /// The object generations this instance's puts were handed, for the
+    /// large engine to name objects by (`Store::open_fleet` gives it to
+    /// an s3 engine).
+    pub(crate) fn generations(&self) -> Arc<Generations> {
+        self.shared.generations.clone()
     }
 
     /// The pool's pin TTL (from the database).

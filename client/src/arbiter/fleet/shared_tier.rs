@@ -16,7 +16,8 @@ use crate::{Key, Result};
 use super::{CLAIM_BATCH, FleetArbiter, STAGE_BATCH, TOMBSTONE_WAIT, key_of};
 
 impl FleetArbiter {
-    /// The keys `alkblobs_pin_new` pinned and recorded (a shared local tier).
+    /// The keys `alkblobs_pin_new` pinned and recorded (a shared tier),
+    /// with the object generation each was handed noted for the engine.
     pub(super) async fn pin_new(&self, keys: &[Key]) -> Result<()> {
         let s = &self.shared;
         for k in keys {
@@ -40,7 +41,11 @@ impl FleetArbiter {
                     )
                     .await;
                 match r {
-                    Ok(_) => break,
+                    Ok(rows) => {
+                        let generation = rows.first().and_then(|r| r.get::<_, Option<i64>>(0));
+                        s.generations.set(*k, generation.unwrap_or(0).max(0) as u64);
+                        break;
+                    }
                     Err(e) if e.is_retryable() && wait < TOMBSTONE_WAIT => {
                         tokio::time::sleep(wait).await;
                         wait *= 2;
@@ -113,8 +118,10 @@ impl FleetArbiter {
                 return Ok(());
             }
             // Phase 2, one transaction: lock the tombstones (a claimer
-            // handed the same ones waits, then finds them gone), unlink
-            // exactly the files still tombstoned, remove their tombstones.
+            // handed the same ones waits, then finds them gone), delete
+            // exactly the files still tombstoned — the generations each
+            // tombstone names, never a later one a re-put since holds —
+            // and remove their tombstones.
             let claimed: Vec<Vec<u8>> = rows.iter().map(|r| r.get(0)).collect();
             let c = s.pg.conn().await?;
             let t = InTx::begin(c, "BEGIN ISOLATION LEVEL READ COMMITTED")
@@ -122,7 +129,7 @@ impl FleetArbiter {
                 .map_err(|e| db_err(&s.pg, None, e))?;
             let mine = t
                 .query_typed(
-                    "SELECT k FROM alkblobs_local_deleting($1, $2) k",
+                    "SELECT key, generation FROM alkblobs_local_deleting_generations($1, $2)",
                     &[(&s.info.name, Type::TEXT), (&claimed, Type::BYTEA_ARRAY)],
                 )
                 .await
@@ -131,8 +138,12 @@ impl FleetArbiter {
             for r in &mine {
                 let kb: Vec<u8> = r.get(0);
                 let k = key_of(&kb)?;
+                let generation = r.get::<_, i64>(1).max(0) as u64;
                 report.executed += 1;
-                match large.delete(&k).await {
+                // (Test support: a claimer stopped here, its delete not yet
+                // sent, is the stalled claimer of docs/design.md.)
+                opts.run_hook(SweepPhase::Deleting).await;
+                match large.delete_through(&k, generation).await {
                     Ok(freed) => {
                         if let Some(size) = freed {
                             report.deleted += 1;

@@ -15,6 +15,10 @@ use crate::{Error, Key, Result};
 ///
 /// ```text
 /// <prefix>/blobs/ab/ab…(64 hex)      committed blobs, never rewritten
+/// <prefix>/blobs/ab/ab…(64 hex).gN   the same, generation N > 0: on a
+///                                    fleet's prefix, a key recorded again
+///                                    after a claimer was handed its
+///                                    deletion and may still send it
 /// <prefix>/uploads/<random>          a multipart upload in progress: its
 ///                                    object path and upload id, touched
 ///                                    while it runs (abandoned ones are
@@ -94,10 +98,26 @@ impl S3Location {
         )
     }
 
-    /// Where the blob of `key` lives.
+    /// Where the blob of `key` lives (generation 0).
     pub(super) fn blob(&self, key: &Key) -> Path {
+        self.blob_generation(key, 0)
+    }
+
+    /// Where generation `generation` of the blob of `key` lives: the
+    /// key's own name for 0, with a `.gN` suffix for N > 0.
+    pub(super) fn blob_generation(&self, key: &Key, generation: u64) -> Path {
         let hex = key.to_string();
-        self.path(&["blobs", &hex[..2], &hex])
+        if generation == 0 {
+            self.path(&["blobs", &hex[..2], &hex])
+        } else {
+            self.path(&["blobs", &hex[..2], &format!("{hex}.g{generation}")])
+        }
+    }
+
+    /// The directory of `key`'s shard (its first byte).
+    pub(super) fn shard(&self, key: &Key) -> Path {
+        let hex = key.to_string();
+        self.path(&["blobs", &hex[..2]])
     }
 
     /// The prefix every blob lives under.
@@ -125,17 +145,26 @@ impl S3Location {
         self.path(&["alkblobs.clock"])
     }
 
-    /// The key a blob object's path names, if it is one.
-    pub(super) fn key_of(&self, path: &Path) -> Option<Key> {
+    /// The key and generation a blob object's path names, if it is one.
+    pub(super) fn key_of(&self, path: &Path) -> Option<(Key, u64)> {
         let mut parts = path.parts();
         let name = parts.next_back()?;
         let shard = parts.next_back()?;
         let (name, shard) = (name.as_ref(), shard.as_ref());
-        let key: Key = name.parse().ok()?;
+        let (hex, generation) = match name.split_once(".g") {
+            None => (name, 0),
+            // A canonical number above 0 (no sign, no leading zero).
+            Some((hex, g)) if !g.starts_with('0') && g.bytes().all(|b| b.is_ascii_digit()) => {
+                (hex, g.parse().ok()?)
+            }
+            Some(_) => return None,
+        };
+        let key: Key = hex.parse().ok()?;
         // Exactly this location's path for the key: a listing is recursive,
         // so another store's prefix nested in this one (`p/blobs/…` under
         // `p`) must not pass for this store's blobs.
-        (name.len() == 64 && shard.len() == 2 && *path == self.blob(&key)).then_some(key)
+        (hex.len() == 64 && shard.len() == 2 && *path == self.blob_generation(&key, generation))
+            .then_some((key, generation))
     }
 
     /// Whether `path` is one of this location's upload markers: a direct
@@ -197,8 +226,15 @@ mod tests {
         let hex = k.to_string();
         let p = l.blob(&k);
         assert_eq!(p.as_ref(), format!("a/b/blobs/{}/{hex}", &hex[..2]));
-        assert_eq!(l.key_of(&p), Some(k));
+        assert_eq!(l.key_of(&p), Some((k, 0)));
         assert_eq!(l.key_of(&l.lease()), None);
+        let g = l.blob_generation(&k, 12);
+        assert_eq!(g.as_ref(), format!("a/b/blobs/{}/{hex}.g12", &hex[..2]));
+        assert_eq!(l.key_of(&g), Some((k, 12)));
+        for bad in [".g0", ".g012", ".g", ".g-1", ".gx", ".h1"] {
+            let odd = Path::from(format!("a/b/blobs/{}/{hex}{bad}", &hex[..2]));
+            assert_eq!(l.key_of(&odd), None, "{bad}");
+        }
         let root: S3Location = "s3://bucket".parse().unwrap();
         assert_eq!(root.prefix(), "");
         assert_eq!(root.blobs().as_ref(), "blobs");

@@ -64,7 +64,8 @@ use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
 
 use super::{
-    Backend, BlobReader, KeyStream, LargeBackend, OpenMode, PutOutcome, Sharing, StagedWrite,
+    Backend, BlobReader, Generations, KeyStream, LargeBackend, OpenMode, PutOutcome, Sharing,
+    StagedWrite,
 };
 use crate::{Error, Key, Result};
 
@@ -222,6 +223,9 @@ struct Inner {
     /// An access key came from the environment or the AWS files (else the
     /// client asks the instance's metadata service or container role).
     keys_given: bool,
+    /// The generations the fleet's database handed this process's puts
+    /// (a fleet's prefix; none elsewhere: every object is generation 0).
+    generations: Option<Arc<Generations>>,
 }
 
 impl Inner {
@@ -267,6 +271,69 @@ impl Inner {
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.err("read an object's size", e)),
         }
+    }
+
+    /// The generation a put of `key` publishes (see [`Generations`]).
+    fn generation(&self, key: &Key) -> u64 {
+        self.generations.as_ref().map_or(0, |g| g.get(key))
+    }
+
+    /// The key's objects of generations above 0, with their sizes: the
+    /// names after the key's own in its shard, one listing request (the
+    /// listing starts after the key's name and stops at the next key).
+    async fn later_generations(
+        &self,
+        key: &Key,
+    ) -> Result<Vec<(u64, object_store::path::Path, u64)>> {
+        let loc = &self.opts.location;
+        let mut names = self
+            .store
+            .list_with_offset(Some(&loc.shard(key)), &loc.blob(key));
+        let hex = key.to_string();
+        let mut found = Vec::new();
+        while let Some(m) = names
+            .try_next()
+            .await
+            .map_err(|e| self.err("list a blob's generations", e))?
+        {
+            if !m.location.filename().is_some_and(|n| n.starts_with(&hex)) {
+                break;
+            }
+            if let Some((k, g)) = loc.key_of(&m.location)
+                && k == *key
+                && g > 0
+            {
+                found.push((g, m.location, m.size));
+            }
+        }
+        Ok(found)
+    }
+
+    /// Where a read of `key` goes when its own name is absent: on a
+    /// fleet's prefix, its latest later generation (every generation holds
+    /// the same bytes: the key is their hash); elsewhere nowhere.
+    async fn later(&self, key: &Key) -> Result<Option<(object_store::path::Path, u64)>> {
+        if !self.opts.shared {
+            return Ok(None);
+        }
+        Ok(self
+            .later_generations(key)
+            .await?
+            .into_iter()
+            .max_by_key(|(g, _, _)| *g)
+            .map(|(_, p, size)| (p, size)))
+    }
+
+    async fn get_at(&self, path: &object_store::path::Path) -> Result<Option<Bytes>> {
+        let got = match self.store.get(path).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.err("read a blob", e)),
+        };
+        got.bytes()
+            .await
+            .map(Some)
+            .map_err(|e| self.err("read a blob", e))
     }
 }
 
@@ -352,6 +419,22 @@ impl S3Backend {
     /// service cannot be reached, and [`Error::InUse`] if another process
     /// holds the lease.
     pub async fn open(opts: S3Options) -> Result<S3Backend> {
+        Self::open_with(opts, None).await
+    }
+
+    /// A fleet's prefix, its objects named by the generations the fleet
+    /// arbiter writes into `generations`.
+    pub(crate) async fn open_fleet(
+        opts: S3Options,
+        generations: Arc<Generations>,
+    ) -> Result<S3Backend> {
+        Self::open_with(opts.shared(true), Some(generations)).await
+    }
+
+    async fn open_with(
+        opts: S3Options,
+        generations: Option<Arc<Generations>>,
+    ) -> Result<S3Backend> {
         if opts.part_size < 5 << 20 || opts.part_size > 1 << 30 {
             return Err(Error::Config(format!(
                 "the S3 part size is 5 MiB to 1 GiB, got {} bytes",
@@ -379,6 +462,7 @@ impl S3Backend {
         })?;
         let inner = Arc::new(Inner {
             store,
+            generations,
             display,
             keys: KeyLocks::default(),
             buffers: upload::PartBuffers::default(),
@@ -551,16 +635,14 @@ impl Backend for S3Backend {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
-        let path = self.inner.opts.location.blob(key);
-        let got = match self.inner.store.get(&path).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(self.inner.err("read a blob", e)),
-        };
-        got.bytes()
-            .await
-            .map(Some)
-            .map_err(|e| self.inner.err("read a blob", e))
+        let inner = &self.inner;
+        if let Some(b) = inner.get_at(&inner.opts.location.blob(key)).await? {
+            return Ok(Some(b));
+        }
+        match inner.later(key).await? {
+            Some((path, _)) => inner.get_at(&path).await,
+            None => Ok(None),
+        }
     }
 
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
@@ -584,9 +666,10 @@ impl Backend for S3Backend {
         let inner = self.inner.clone();
         let mut last: Option<Key> = None;
         // ListObjectsV2 returns names in byte order, and a blob's name is
-        // its shard (its key's first byte) then its key: key order. A name
-        // out of order would break the contract, so it is an error rather
-        // than a silent duplicate.
+        // its shard (its key's first byte) then its key: key order, a
+        // key's later generations (`<key>.gN`) right after its own name
+        // and listed once with it. A name out of order would break the
+        // contract, so it is an error rather than a silent duplicate.
         let keys = inner
             .store
             .list(Some(&inner.opts.location.blobs()))
@@ -601,11 +684,12 @@ impl Backend for S3Backend {
                         tracing::warn!(object = %meta.location, "ignoring an object that is not a blob under blobs/");
                         Ok(None)
                     }
-                    Some(k) if last.is_some_and(|l| l >= k) => Err(Error::engine(
+                    Some((k, _)) if last == Some(k) => Ok(None),
+                    Some((k, _)) if last.is_some_and(|l| l > k) => Err(Error::engine(
                         &inner.display,
                         format!("the service listed {k} after {}: not in key order", last.unwrap()),
                     )),
-                    Some(k) => {
+                    Some((k, _)) => {
                         last = Some(k);
                         Ok(Some(k))
                     }
@@ -616,9 +700,11 @@ impl Backend for S3Backend {
     }
 
     async fn size(&self, key: &Key) -> Result<Option<u64>> {
-        self.inner
-            .head_size(&self.inner.opts.location.blob(key))
-            .await
+        let inner = &self.inner;
+        if let Some(size) = inner.head_size(&inner.opts.location.blob(key)).await? {
+            return Ok(Some(size));
+        }
+        Ok(inner.later(key).await?.map(|(_, size)| size))
     }
 
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
@@ -632,12 +718,17 @@ impl Backend for S3Backend {
             .store
             .list(Some(&self.inner.opts.location.blobs()));
         let (mut n, mut bytes) = (0u64, 0u64);
+        let mut last = None;
         while let Some(m) = metas
             .try_next()
             .await
             .map_err(|e| self.inner.err("list blobs", e))?
         {
-            if self.inner.opts.location.key_of(&m.location).is_some() {
+            // A key's generations count once (they hold the same bytes).
+            if let Some((k, _)) = self.inner.opts.location.key_of(&m.location)
+                && last != Some(k)
+            {
+                last = Some(k);
                 n += 1;
                 bytes += m.size;
             }
@@ -670,7 +761,75 @@ impl Backend for S3Backend {
 #[async_trait]
 impl LargeBackend for S3Backend {
     async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
-        let path = self.inner.opts.location.blob(key);
+        let inner = &self.inner;
+        if let Some(b) = inner
+            .read_range_at(key, &inner.opts.location.blob(key), offset, len)
+            .await?
+        {
+            return Ok(Some(b));
+        }
+        match inner.later(key).await? {
+            Some((path, _)) => inner.read_range_at(key, &path, offset, len).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let inner = &self.inner;
+        let got = match inner.store.get(&inner.opts.location.blob(key)).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => match inner.later(key).await? {
+                Some((path, _)) => match inner.store.get(&path).await {
+                    Ok(g) => g,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(inner.err("read a blob", e)),
+                },
+                None => return Ok(None),
+            },
+            Err(e) => return Err(inner.err("read a blob", e)),
+        };
+        let display = inner.display.clone();
+        let stream = got.into_stream().map_err(move |e| {
+            std::io::Error::other(format!("{display}: reading a blob failed: {}", redact(&e)))
+        });
+        Ok(Some(Box::pin(tokio_util::io::StreamReader::new(stream))))
+    }
+
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        self.inner.check_writable("put a blob")?;
+        Ok(Box::new(S3Write::new(self.inner.clone())))
+    }
+
+    async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
+        let mut freed = self.delete(key).await?;
+        if through == 0 {
+            // Generation 0 only: no later one was ever handed out.
+            return Ok(freed);
+        }
+        for (g, path, size) in self.inner.later_generations(key).await? {
+            if g > through {
+                continue;
+            }
+            match self.inner.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    freed.get_or_insert(size);
+                }
+                Err(e) => return Err(self.inner.err("delete a blob", e)),
+            }
+        }
+        Ok(freed)
+    }
+}
+
+impl Inner {
+    /// A ranged read of the object at `path` (one generation of `key`).
+    async fn read_range_at(
+        &self,
+        key: &Key,
+        path: &object_store::path::Path,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Bytes>> {
         // One ranged GET (the service clamps the end to the object's
         // size); only an empty range, or a start the service refuses as
         // past the end (416), takes the HEAD below to answer exactly.
@@ -681,22 +840,22 @@ impl LargeBackend for S3Backend {
                 )),
                 ..Default::default()
             };
-            match self.inner.store.get_opts(&path, opts).await {
+            match self.store.get_opts(path, opts).await {
                 Ok(r) => {
                     return r
                         .bytes()
                         .await
                         .map(Some)
-                        .map_err(|e| self.inner.err("read a range", e));
+                        .map_err(|e| self.err("read a range", e));
                 }
                 Err(object_store::Error::NotFound { .. }) => return Ok(None),
                 Err(e) if transport_failure(&e) => {
-                    return Err(self.inner.err("read a range", e));
+                    return Err(self.err("read a range", e));
                 }
                 Err(_) => {}
             }
         }
-        let Some(size) = self.inner.head_size(&path).await? else {
+        let Some(size) = self.head_size(path).await? else {
             return Ok(None);
         };
         if offset > size {
@@ -710,31 +869,12 @@ impl LargeBackend for S3Backend {
         if end == offset {
             return Ok(Some(Bytes::new()));
         }
-        match self.inner.store.get_range(&path, offset..end).await {
+        match self.store.get_range(path, offset..end).await {
             Ok(b) => Ok(Some(b)),
             // Deleted between the two requests.
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.inner.err("read a range", e)),
+            Err(e) => Err(self.err("read a range", e)),
         }
-    }
-
-    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
-        let path = self.inner.opts.location.blob(key);
-        let got = match self.inner.store.get(&path).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(self.inner.err("read a blob", e)),
-        };
-        let display = self.inner.display.clone();
-        let stream = got.into_stream().map_err(move |e| {
-            std::io::Error::other(format!("{display}: reading a blob failed: {}", redact(&e)))
-        });
-        Ok(Some(Box::pin(tokio_util::io::StreamReader::new(stream))))
-    }
-
-    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
-        self.inner.check_writable("put a blob")?;
-        Ok(Box::new(S3Write::new(self.inner.clone())))
     }
 }
 

@@ -85,7 +85,12 @@ fn marker_body(path: &Path, upload_id: &str) -> PutPayload {
 impl Inner {
     /// Publishes `source` under `key` unless it is present.
     pub(super) async fn publish(&self, key: &Key, source: Source) -> Result<PutOutcome> {
-        let path = self.opts.location.blob(key);
+        // The generation the fleet's database handed this put (0 off a
+        // fleet, and for almost every key on one).
+        let path = self
+            .opts
+            .location
+            .blob_generation(key, self.generation(key));
         let _one = self.keys.lock(key).await;
         // Dedup without uploading a byte: committed blobs are immutable.
         if self.head_size(&path).await?.is_some() {
