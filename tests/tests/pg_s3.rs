@@ -480,3 +480,68 @@ async fn a_stalled_claimer_never_deletes_a_re_put_object() {
             .is_empty()
     );
 }
+
+/// Fleet writers over an s3 pool SIGKILLed mid-put, three times (often
+/// inside a 12 MB multipart upload): nothing torn, every put that returned
+/// is there, and once their pins expire another instance's sweep reaps
+/// them and aborts every upload they left (no marker, no multipart upload
+/// left behind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_writers_killed_mid_put_leave_nothing_torn() {
+    use alkblobs::backend::s3::S3Backend;
+    use std::time::Duration;
+    let c = connect().await;
+    ensure_extension(&c).await;
+    let pool = unique("pgs3-kill");
+    let loc = location("pgs3-kill");
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '1 second', '1 second', 's3', large_location => $2)",
+        &[&pool, &loc.to_string()],
+    )
+    .await
+    .unwrap();
+    let mut returned = std::collections::BTreeSet::new();
+    for round in 0..3u64 {
+        let location = loc.to_string();
+        let args = ["fleet-crash-puts", &*url(), &*pool, "s3", &*location];
+        let mut h =
+            alkblobs_tests::proc::Helper::spawn(env!("CARGO_BIN_EXE_alkblobs-test-helper"), &args);
+        // Up to its (3 + 4·round)th put, a 200 kB one: the next is 12 MB.
+        for _ in 0..(3 + 4 * round) {
+            let line = h.line().expect("helper died early");
+            returned.insert(line.parse::<Key>().unwrap());
+        }
+        // Kill it at an arbitrary point of that put (often its upload).
+        std::thread::sleep(Duration::from_millis(60 + 40 * round));
+        h.kill();
+    }
+    let s = Store::open_fleet(
+        FleetOptions::new(
+            url(),
+            &pool,
+            FleetLarge::S3(s3(&loc).upload_grace(Duration::ZERO)),
+        )
+        .threshold(1024),
+    )
+    .await
+    .unwrap();
+    let v = s.verify().await.unwrap();
+    assert!(v.corrupt.is_empty(), "torn: {:?}", v.corrupt);
+    for k in &returned {
+        assert!(s.has(k).await.unwrap(), "a returned put was lost: {k}");
+    }
+    let engine = S3Backend::open(S3Options::new(loc.clone()).shared(true))
+        .await
+        .unwrap();
+    let markers = engine.uploads_in_progress().await.unwrap();
+    eprintln!("uploads the killed writers left: {markers}");
+    // The killed instances' pins expire; a sweep reaps them and aborts
+    // their uploads.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = s.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+    assert!(r.aborted.is_none(), "{r:?}");
+    assert!(r.pins_reaped >= returned.len() as u64 / 2, "{r:?}");
+    assert_eq!(r.reclaimed, markers, "{r:?}");
+    assert_eq!(engine.uploads_in_progress().await.unwrap(), 0, "{r:?}");
+    s.close().await.unwrap();
+}

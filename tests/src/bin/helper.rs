@@ -22,8 +22,8 @@
 //!   confirms its guards, re-puts the lapsed ones and prints
 //!   `lapsed=L restored=R`.
 //! - `fleet-crash-puts URL POOL TIER [DIR]`: `crash-puts` as a fleet
-//!   instance (TIER pg-lo, none, or local with the shared directory DIR;
-//!   threshold 1 KiB except kv-only).
+//!   instance (TIER pg-lo, none, local with the shared directory DIR, or
+//!   s3 with the pool's location DIR; threshold 1 KiB except kv-only).
 //! - `fleet-claim-then-die URL POOL DIR`: a fleet instance over the shared
 //!   local tier DIR sweeps; once its claim committed and the claimed files
 //!   are unlinked (before it confirms the delete), prints `claimed` and
@@ -168,6 +168,16 @@ async fn main() {
             let (large, threshold, sizes) = match args[4].as_str() {
                 "pg-lo" => (FleetLarge::PgLo, 1024, [10, 1_000, 200_000, 6_000_000]),
                 "none" => (FleetLarge::KvOnly, 65_536, [10, 1_000, 30_000, 60_000]),
+                // 12 MB: a multipart upload of three 5 MiB parts.
+                #[cfg(feature = "s3")]
+                "s3" => (
+                    FleetLarge::S3(
+                        alkblobs::backend::s3::S3Options::new(args[5].parse().expect("location"))
+                            .part_size(5 << 20),
+                    ),
+                    1024,
+                    [10, 1_000, 200_000, 12_000_000],
+                ),
                 _ => (
                     FleetLarge::SharedLocal(args[5].clone().into()),
                     1024,
