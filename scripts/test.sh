@@ -14,7 +14,8 @@
 #   4b. the s3 large tier against Garage (a real S3 server, built from the
 #      Rust registry in the background since step 1; scripts/s3-server.sh):
 #      engine, store and arbiter suites, alone and with PostgreSQL pools,
-#      faults, fleet processes, the CLI;
+#      faults (the S3 server and the database restarted mid-put), fleet
+#      processes (killed mid-upload, a claimer stopped mid-delete), the CLI;
 #   5. starts a second cluster configured as a server nobody reconfigured
 #      (no shared_preload_libraries): a pg_dump of busy pools restored into
 #      it from the first, then CREATE EXTENSION and the engine and fleet
@@ -102,6 +103,8 @@ trap 'scripts/s3-server.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh s
 s3env=$(scripts/s3-server.sh start)
 env $s3env cargo test -p alkblobs-tests --features s3 --test s3_engines --test s3_stores
 env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg,s3 --test pg_s3
+# Restarts the cluster under a fleet put between its pin and its publish: alone.
+env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg,s3 --test pg_s3_restart
 env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_s3
 # Kills and restarts the S3 server: alone, last.
 env $s3env cargo test -p alkblobs-tests --features s3 --test s3_faults
