@@ -545,3 +545,49 @@ async fn fleet_writers_killed_mid_put_leave_nothing_torn() {
     assert_eq!(engine.uploads_in_progress().await.unwrap(), 0, "{r:?}");
     s.close().await.unwrap();
 }
+
+/// A pool's prefix is the pool's alone, and an embedded store's is the
+/// store's (`alkblobs.owner`, written at the first writable open): an
+/// embedded store at a fleet pool's prefix is refused, and so is a fleet
+/// pool created over a prefix an embedded store already wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_is_one_pools_or_one_stores() {
+    use alkblobs::DirOptions;
+    let (pool, loc) = s3_pool("pgs3-owner", false).await;
+    let f = fleet(&pool, &loc).await;
+    let dir = tempfile::tempdir().unwrap();
+    let e = Store::open_dir_with(dir.path(), DirOptions::new().large_s3(s3(&loc)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains(&format!("belongs to \"fleet pool {pool}\"")),
+        "{e}"
+    );
+    f.close().await.unwrap();
+
+    let theirs = location("pgs3-owner-emb");
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open_dir_with(d.path(), DirOptions::new().large_s3(s3(&theirs)))
+        .await
+        .unwrap();
+    drop(s.put(vec![4u8; 100_000]).await.unwrap());
+    s.close().await.unwrap();
+    let c = connect().await;
+    let late = unique("pgs3-owner-late");
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', 's3', large_location => $2)",
+        &[&late, &theirs.to_string()],
+    )
+    .await
+    .unwrap();
+    let e = Store::open_fleet(FleetOptions::new(url(), &late, FleetLarge::S3(s3(&theirs))))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("belongs to \"embedded store "),
+        "{e}"
+    );
+}

@@ -32,3 +32,45 @@ async fn sqlite_s3(tag: &str, threshold: u64) -> (Store, tempfile::TempDir) {
 
 store_suite!(sqlite_s3_store, TIERED, sqlite_s3("store", 65_536));
 arbiter_suite!(sqlite_s3_arbiter, sqlite_s3("arbiter", 1024));
+
+/// A prefix belongs to the store that first wrote it (`alkblobs.owner`):
+/// another embedded store is refused there even once the first has
+/// closed (the lease excludes only two at once), with one line naming the
+/// owner; the first reopens with its blob; a read-only open is allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_belongs_to_the_store_that_first_wrote_it() {
+    use alkblobs::backend::OpenMode;
+    use alkblobs::backend::s3::S3Options;
+    use alkblobs::{DirOptions, Error, Key};
+    let loc = alkblobs_tests::s3::location("owner");
+    let s3 = || S3Options::new(loc.clone()).part_size(5 << 20);
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Store::open_dir_with(a_dir.path(), DirOptions::new().large_s3(s3()))
+        .await
+        .unwrap();
+    let key = a.put(vec![9u8; 200_000]).await.unwrap().key;
+    a.close().await.unwrap();
+    drop(a);
+    let e = Store::open_dir_with(b_dir.path(), DirOptions::new().large_s3(s3()))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("belongs to \"embedded store ") && text.contains("alkblobs.owner"),
+        "{text}"
+    );
+    let ro = Store::open_dir_with(
+        b_dir.path(),
+        DirOptions::new().mode(OpenMode::ReadOnly).large_s3(s3()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ro.get(&key).await.unwrap().map(|b| Key::of(&b)), Some(key));
+    drop(ro);
+    let a = Store::open_dir_with(a_dir.path(), DirOptions::new().large_s3(s3()))
+        .await
+        .unwrap();
+    assert_eq!(a.get(&key).await.unwrap().map(|b| Key::of(&b)), Some(key));
+    a.close().await.unwrap();
+}

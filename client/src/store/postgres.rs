@@ -52,13 +52,20 @@ pub(super) fn pool_s3(
         )));
     };
     let pool_loc: crate::backend::s3::S3Location = loc.parse()?;
+    // The prefix is the pool's (recorded in it at the first writable open).
+    let owner = match info.mode {
+        crate::backend::postgres::PoolMode::Fleet => format!("fleet pool {}", info.name),
+        crate::backend::postgres::PoolMode::Single => {
+            format!("single-instance pool {}", info.name)
+        }
+    };
     match declared {
         Some(o) if o.location != pool_loc => Err(Error::Config(format!(
             "pool {:?} keeps large content under {pool_loc}, not {}: every store of a pool uses the pool's bucket and prefix",
             info.name, o.location
         ))),
-        Some(o) => Ok(o.clone()),
-        None => Ok(crate::backend::s3::S3Options::new(pool_loc)),
+        Some(o) => Ok(o.clone().owner(owner)),
+        None => Ok(crate::backend::s3::S3Options::new(pool_loc).owner(owner)),
     }
 }
 

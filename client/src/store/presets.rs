@@ -164,6 +164,21 @@ fn same_tier(dir: &Path, recorded: &str, declared: &str) -> Result<()> {
     )))
 }
 
+/// This store directory's id (`dir/store-id`, made at its first
+/// writable s3 open): what it records as the owner of its S3 prefix.
+#[cfg(feature = "s3")]
+fn store_id(dir: &Path) -> Result<String> {
+    let path = dir.join("store-id");
+    if let Ok(text) = std::fs::read_to_string(&path)
+        && let Some(id) = text.lines().next().filter(|l| !l.is_empty())
+    {
+        return Ok(id.to_owned());
+    }
+    let id = format!("{:032x}", rand::random::<u128>());
+    std::fs::write(&path, format!("{id}\n")).map_err(|e| marker_err(&path, e))?;
+    Ok(id)
+}
+
 fn record_large_tier(dir: &Path, declared: &str) -> Result<()> {
     let marker = dir.join("large-tier");
     std::fs::write(&marker, format!("{declared}\n")).map_err(|e| marker_err(&marker, e))
@@ -204,7 +219,10 @@ impl Store {
         #[cfg(feature = "s3")]
         let builder = match opts.s3 {
             Some(s3) => {
-                let s3 = s3.mode(opts.mode).shared(false);
+                let mut s3 = s3.mode(opts.mode).shared(false);
+                if opts.mode.writable() {
+                    s3 = s3.owner(format!("embedded store {}", store_id(dir)?));
+                }
                 let store = builder
                     .large(crate::backend::s3::S3Backend::open(s3).await?)
                     .threshold(opts.threshold)

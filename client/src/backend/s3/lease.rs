@@ -32,14 +32,14 @@ use crate::{Error, Result};
 
 /// How long an unconditional lease write waits before reading the lease
 /// back (services without conditional puts).
-const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+pub(super) const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Finds out whether the service honours `If-None-Match: *`: some
 /// compatible services (Garage 2.5, measured) accept the header and
 /// overwrite anyway, which looks like success. A create over the clock
 /// object, which exists, must be refused; if it is not, the lease falls
 /// back to write, settle and read back.
-async fn probe_conditional(inner: &Arc<Inner>) -> Result<()> {
+pub(super) async fn probe_conditional(inner: &Arc<Inner>) -> Result<()> {
     if !inner.conditional.load(Ordering::Relaxed) {
         return Ok(());
     }

@@ -26,6 +26,9 @@ use crate::{Error, Key, Result};
 /// <prefix>/alkblobs.lock             the lease of the one process that
 ///                                    writes the prefix (not on a fleet's
 ///                                    shared prefix)
+/// <prefix>/alkblobs.owner            which store or pool the prefix
+///                                    belongs to (written at its first
+///                                    writable open, checked at every one)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct S3Location {
@@ -138,6 +141,11 @@ impl S3Location {
     /// The prefix's lease object.
     pub(super) fn lease(&self) -> Path {
         self.path(&["alkblobs.lock"])
+    }
+
+    /// The object naming the store or pool the prefix belongs to.
+    pub(super) fn owner(&self) -> Path {
+        self.path(&["alkblobs.owner"])
     }
 
     /// A scratch object whose last-modified time is the server's clock.

@@ -72,6 +72,7 @@ use crate::{Error, Key, Result};
 mod config;
 mod lease;
 mod location;
+mod owner;
 mod upload;
 mod writer;
 
@@ -118,6 +119,13 @@ pub struct S3Options {
     /// Where a streaming write spills what does not fit in memory (an
     /// unnamed temporary file; default the system's temporary directory).
     pub spool_dir: Option<std::path::PathBuf>,
+    /// The store or pool the prefix belongs to (the stores set it: an
+    /// embedded store's id, `fleet pool NAME`, `single-instance pool
+    /// NAME`). A writable open records it in `prefix/alkblobs.owner` the
+    /// first time and fails with [`Error::Config`] if the prefix is
+    /// recorded as another's: another store's sweep would collect what
+    /// this one holds. `None` (the engine on its own): no check.
+    pub owner: Option<String>,
 }
 
 impl S3Options {
@@ -135,6 +143,7 @@ impl S3Options {
             lease_ttl: Duration::from_secs(30),
             retry_timeout: Duration::from_secs(30),
             spool_dir: None,
+            owner: None,
         }
     }
 
@@ -195,6 +204,12 @@ impl S3Options {
     /// Where streaming writes spill.
     pub fn spool_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
         self.spool_dir = Some(dir.into());
+        self
+    }
+
+    /// The store or pool the prefix belongs to (see [`S3Options::owner`]).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
         self
     }
 }
@@ -473,6 +488,11 @@ impl S3Backend {
             opts,
         });
         inner.check_bucket().await?;
+        if inner.opts.mode.writable()
+            && let Some(owner) = &inner.opts.owner
+        {
+            owner::claim(&inner, owner).await?;
+        }
         if inner.opts.mode.writable() && !inner.opts.shared {
             let l = lease::Lease::take(&inner).await?;
             *inner.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(l);

@@ -1,5 +1,8 @@
 //! The streaming write of one blob: its first part in memory, the rest
 //! spilled to an unnamed temporary file, published at commit (`upload.rs`).
+//! A blob handed over as one buffer bigger than a part (`Store::put` of a
+//! `Bytes`) is kept as that buffer, shared with the caller, never copied:
+//! it is in memory already.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -16,6 +19,9 @@ use crate::{Error, Key, Result};
 pub(super) struct S3Write {
     inner: Arc<Inner>,
     memory: BytesMut,
+    /// The whole blob so far, when its first write was one buffer bigger
+    /// than a part (shared with the caller: no copy, no spool).
+    whole: Option<Bytes>,
     /// Everything written, once it outgrew the memory (unnamed: a killed
     /// writer leaves nothing behind).
     spool: Option<std::fs::File>,
@@ -28,6 +34,7 @@ impl S3Write {
         S3Write {
             inner,
             memory: BytesMut::new(),
+            whole: None,
             spool: None,
             written: 0,
             failed: false,
@@ -63,7 +70,16 @@ impl StagedWrite for S3Write {
             ));
         }
         let n = chunk.len() as u64;
-        if self.spool.is_none() && self.memory.len() + chunk.len() <= self.inner.opts.part_size {
+        if self.written == 0 && chunk.len() > self.inner.opts.part_size {
+            // One buffer the caller holds anyway: keep a reference to it.
+            self.whole = Some(chunk);
+            self.written = n;
+            return Ok(());
+        }
+        if self.spool.is_none()
+            && self.whole.is_none()
+            && self.memory.len() + chunk.len() <= self.inner.opts.part_size
+        {
             self.memory.extend_from_slice(&chunk);
             self.written += n;
             return Ok(());
@@ -72,7 +88,10 @@ impl StagedWrite for S3Write {
         self.failed = true; // until this write is through
         let dir = self.spool_dir();
         let mut file = self.spool.take();
-        let head = std::mem::take(&mut self.memory).freeze();
+        let head = match self.whole.take() {
+            Some(whole) => whole,
+            None => std::mem::take(&mut self.memory).freeze(),
+        };
         let r = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
             let mut f = match file.take() {
                 Some(f) => f,
@@ -102,9 +121,10 @@ impl StagedWrite for S3Write {
             ));
         }
         self.inner.check_writable("put a blob")?;
-        let source = match self.spool.take() {
-            Some(f) => Source::File(f, self.written),
-            None => Source::Memory(std::mem::take(&mut self.memory).freeze()),
+        let source = match (self.spool.take(), self.whole.take()) {
+            (Some(f), _) => Source::File(f, self.written),
+            (None, Some(whole)) => Source::Memory(whole),
+            (None, None) => Source::Memory(std::mem::take(&mut self.memory).freeze()),
         };
         self.inner.publish(key, source).await
     }
