@@ -204,7 +204,12 @@ impl Store {
             .map_or_else(|| "local".to_owned(), |o| o.location.to_string());
         #[cfg(not(feature = "s3"))]
         let declared = "local".to_owned();
-        let unrecorded = check_large_tier(dir, &declared)?;
+        let mut unrecorded = check_large_tier(dir, &declared)?;
+        // A new store records its large tier as soon as its directory
+        // exists, before the large engine opens: an open that then fails
+        // (a missing bucket, a prefix another store owns) must not leave
+        // an index that later opens take for a local store's.
+        let fresh = unrecorded && opts.mode.writable() && !sqlite.exists();
         let kv = SqliteBackend::open(
             sqlite,
             SqliteOptions {
@@ -215,6 +220,10 @@ impl Store {
             },
         )
         .await?;
+        if fresh {
+            record_large_tier(dir, &declared)?;
+            unrecorded = false;
+        }
         let builder = Store::builder().sqlite(kv);
         #[cfg(feature = "s3")]
         let builder = match opts.s3 {
