@@ -187,7 +187,10 @@ impl Inner {
         let id = id.to_owned();
         let touch_every = (self.opts.upload_grace / 4).min(Duration::from_secs(30));
         let mut touched = Instant::now();
-        let mut ids = Vec::with_capacity(count as usize);
+        let mut ids: Vec<Option<PartId>> = vec![None; count as usize];
+        // Unordered: a part that finishes frees its slot at once, whichever
+        // it is (in order, a slow first part would hold three finished ones
+        // in their slots); the ids are put back in order below.
         let mut parts = futures::stream::iter(0..count)
             .map(|i| {
                 let source = source.clone();
@@ -200,12 +203,13 @@ impl Inner {
                     self.store
                         .put_part(path, &id, i as usize, PutPayload::from(bytes))
                         .await
+                        .map(|p| (i as usize, p))
                         .map_err(|e| self.err("upload a part", e))
                 }
             })
-            .buffered(self.opts.upload_concurrency);
-        while let Some(p) = parts.try_next().await? {
-            ids.push(p);
+            .buffer_unordered(self.opts.upload_concurrency);
+        while let Some((i, p)) = parts.try_next().await? {
+            ids[i] = Some(p);
             if touched.elapsed() >= touch_every {
                 // A live writer's marker stays younger than the grace.
                 self.store
@@ -215,7 +219,8 @@ impl Inner {
                 touched = Instant::now();
             }
         }
-        Ok(ids)
+        // Every part answered (an error returned above).
+        Ok(ids.into_iter().flatten().collect())
     }
 
     /// Aborts the uploads whose markers are older than the grace (their
