@@ -175,10 +175,17 @@ S3_ENV = {}
 def run(m, targets, baseline=False):
     path = root / m["file"]
     original = path.read_text()
-    n = original.count(m["find"])
-    if n != 1:
-        print(f"  the text to mutate occurs {n} times in {m['file']}: update the entry")
-        return "broken"
+    # One edit, or several (lists of finds and replacements, in order):
+    # a guard that is two checks in one file.
+    finds = m["find"] if isinstance(m["find"], list) else [m["find"]]
+    replaces = m["replace"] if isinstance(m["replace"], list) else [m["replace"]]
+    mutated = original
+    for find, replace in zip(finds, replaces, strict=True):
+        n = mutated.count(find)
+        if n != 1:
+            print(f"  the text to mutate occurs {n} times in {m['file']}: update the entry")
+            return "broken"
+        mutated = mutated.replace(find, replace)
     try:
         plan = runs(m, targets)
     except LookupError as e:
@@ -187,7 +194,7 @@ def run(m, targets, baseline=False):
     api = {f: f.read_text() for f in (root / "sql" / "api").glob("*.sql")}
     try:
         if not baseline:
-            path.write_text(original.replace(m["find"], m["replace"]))
+            path.write_text(mutated)
         if m["kind"] == "ext" and not baseline:
             # A mutated `-- @source` rule reaches its inlined copies.
             sh(["scripts/gen-upgrade.py", "--inline"], quiet=True)

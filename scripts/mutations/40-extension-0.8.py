@@ -115,4 +115,15 @@ MUTATIONS = [
       replace="        Some(_) => return Ok(()),\n        None => {}\n",
       kind="rust",
       tests=[("s3_stores", "first_wrote_it"), ("pg_s3", "one_pools_or_one_stores")]),
+    # The dedup-versus-delete race across instances (issue 23): a put whose
+    # object exists while another instance's claim has tombstoned the key.
+    # The tombstone is honoured twice over (pin_new refuses it, 55006;
+    # local_published never publishes it), so the mutation removes both.
+    M(id="tombstone-writers",
+      what="writers ignore tombstones: pin_new records a tombstoned key and local_published publishes it (a dedup hit on an object a claim is about to delete)",
+      file="sql/api/30-puts-and-pins.sql",
+      find=["    IF tomb IS NOT NULL THEN\n", "         WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NULL\n"],
+      replace=["    IF false THEN\n", "         WHERE f.pool = pl.id AND f.key = ANY($2)\n"],
+      kind="ext",
+      tests=[("pg_s3", "racing_another_instances_claim")]),
 ]

@@ -59,6 +59,10 @@ pub enum SweepPhase {
     Checked,
     /// A batch's deletions are claimed, about to be deleted.
     Claimed,
+    /// A fleet's shared tier: a batch's tombstones are committed (nothing
+    /// may record or reference those keys now) and no delete has started;
+    /// the claimer holds no lock (tests).
+    Tombstoned,
     /// A claimed file of a fleet's shared tier is about to be deleted (its
     /// tombstone locked, the delete not yet sent): where a stopped claimer
     /// would stop (tests).

@@ -117,6 +117,8 @@ impl FleetArbiter {
             if rows.is_empty() {
                 return Ok(());
             }
+            // (Test support: the tombstones are committed, nothing locked.)
+            opts.run_hook(SweepPhase::Tombstoned).await;
             // Phase 2, one transaction: lock the tombstones (a claimer
             // handed the same ones waits, then finds them gone), delete
             // exactly the files still tombstoned — the generations each
