@@ -276,9 +276,7 @@ impl Model for Fleet {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("no protected entry is deleted", |_, s: &FleetState| {
-                !s.lost
-            }),
+            Property::always("no protected entry is deleted", |_, s: &FleetState| !s.lost),
             Property::always(
                 "a writer holding a live pin finds its entry",
                 |_, s: &FleetState| {
@@ -484,26 +482,24 @@ impl Model for SharedTier {
                 n.writer = SharedWriter::Recorded(generation);
             }
             Upload => {
-                let SharedWriter::Recorded(gen) = s.writer else {
+                let SharedWriter::Recorded(generation) = s.writer else {
                     return None;
                 };
-                n.objects |= bit(gen);
-                n.writer = SharedWriter::Uploaded(gen);
+                n.objects |= bit(generation);
+                n.writer = SharedWriter::Uploaded(generation);
             }
             AlkblobsLocalPublished => {
-                let SharedWriter::Uploaded(gen) = s.writer else {
+                let SharedWriter::Uploaded(generation) = s.writer else {
                     return None;
                 };
                 match s.record {
                     Some(r) if r.locked_by.is_some() => return None, // waits
-                    Some(r)
-                        if s.pin == Pin::Live && (!r.tombstone || !g.tombstones_honoured) =>
-                    {
+                    Some(r) if s.pin == Pin::Live && (!r.tombstone || !g.tombstones_honoured) => {
                         n.record = Some(Record {
                             published: true,
                             ..r
                         });
-                        n.writer = SharedWriter::Holding(gen);
+                        n.writer = SharedWriter::Holding(generation);
                     }
                     // Collected meanwhile, or the pin lapsed: put again.
                     _ => {
@@ -531,9 +527,7 @@ impl Model for SharedTier {
                         n.claimers[c] = Claimer::Handed(r.generation);
                     }
                     Some(r) => {
-                        if r.locked_by.is_some()
-                            || (g.recheck_at_execution && s.pin == Pin::Live)
-                        {
+                        if r.locked_by.is_some() || (g.recheck_at_execution && s.pin == Pin::Live) {
                             return None;
                         }
                         n.record = Some(Record {

@@ -1,32 +1,72 @@
 //! The models of `src/lib.rs` checked exhaustively (breadth first): with
 //! every guard the invariants hold and the collecting paths are reachable;
-//! with each guard removed the checker finds the loss it prevents.
+//! with each guard removed the checker finds the loss it prevents. One
+//! thread, breadth first: each counterexample printed is a shortest one.
 
 use alkblobs_model::{Fleet, Guards, SharedTier};
-use stateright::{Checker, Model};
+use stateright::{Checker, Model, Path};
+
+/// The actions of `path` up to the first state where `property` fails:
+/// the counterexample, without what the checker explored after it.
+fn up_to_violation<M: Model>(
+    model: &M,
+    path: Path<M::State, M::Action>,
+    property: &str,
+) -> Vec<M::Action> {
+    let holds = model
+        .properties()
+        .into_iter()
+        .find(|p| p.name == property)
+        .expect("a property of the model")
+        .condition;
+    let mut actions = Vec::new();
+    for (state, action) in path.into_vec() {
+        if !holds(model, &state) {
+            return actions;
+        }
+        actions.extend(action);
+    }
+    panic!("the counterexample to {property:?} never breaks it");
+}
 
 fn fleet(guards: Guards) -> impl Checker<Fleet> {
-    Fleet { guards }.checker().spawn_bfs().join()
+    Fleet { guards }.checker().threads(1).spawn_bfs().join()
 }
 
 fn shared(guards: Guards) -> impl Checker<SharedTier> {
-    SharedTier { guards }.checker().spawn_bfs().join()
+    SharedTier { guards }
+        .checker()
+        .threads(1)
+        .spawn_bfs()
+        .join()
 }
 
 #[test]
 fn the_fleet_protocol_keeps_every_protected_entry() {
     let c = fleet(Guards::ALL);
     c.assert_properties();
-    eprintln!("fleet: {} states, every one checked", c.unique_state_count());
-    assert!(c.unique_state_count() > 50, "a model this small checks nothing");
+    eprintln!(
+        "fleet: {} states, every one checked",
+        c.unique_state_count()
+    );
+    assert!(
+        c.unique_state_count() > 50,
+        "a model this small checks nothing"
+    );
 }
 
 #[test]
 fn the_shared_tier_protocol_keeps_every_held_object() {
     let c = shared(Guards::ALL);
     c.assert_properties();
-    eprintln!("shared tier: {} states, every one checked", c.unique_state_count());
-    assert!(c.unique_state_count() > 50, "a model this small checks nothing");
+    eprintln!(
+        "shared tier: {} states, every one checked",
+        c.unique_state_count()
+    );
+    assert!(
+        c.unique_state_count() > 50,
+        "a model this small checks nothing"
+    );
 }
 
 /// Each guard of the fleet's entries, removed: the property it keeps fails.
@@ -61,7 +101,8 @@ fn each_fleet_guard_is_needed() {
         let path = c.discovery(property).unwrap_or_else(|| {
             panic!("without {guard}, the checker found no counterexample to {property:?}")
         });
-        eprintln!("without {guard}: {:?}", path.into_actions());
+        let steps = up_to_violation(c.model(), path, property);
+        eprintln!("without {guard}: {steps:?}");
     }
 }
 
@@ -92,6 +133,7 @@ fn each_shared_tier_guard_is_needed() {
         let path = c.discovery(property).unwrap_or_else(|| {
             panic!("without {guard}, the checker found no counterexample to {property:?}")
         });
-        eprintln!("without {guard}: {:?}", path.into_actions());
+        let steps = up_to_violation(c.model(), path, property);
+        eprintln!("without {guard}: {steps:?}");
     }
 }
