@@ -6,6 +6,9 @@
 use alkblobs_model::{Fleet, Guards, SharedTier};
 use stateright::{Checker, Model, Path};
 
+/// A guard's name, how to remove it, and the property that then fails.
+type Case = (&'static str, fn(&mut Guards), &'static str);
+
 /// The actions of `path` up to the first state where `property` fails:
 /// the counterexample, without what the checker explored after it.
 fn up_to_violation<M: Model>(
@@ -72,7 +75,7 @@ fn the_shared_tier_protocol_keeps_every_held_object() {
 /// Each guard of the fleet's entries, removed: the property it keeps fails.
 #[test]
 fn each_fleet_guard_is_needed() {
-    let cases: [(&str, fn(&mut Guards), &str); 4] = [
+    let cases: [Case; 4] = [
         (
             "pin before publish",
             |g| g.pin_before_publish = false,
@@ -109,7 +112,7 @@ fn each_fleet_guard_is_needed() {
 /// Each guard of a shared tier, removed: the property it keeps fails.
 #[test]
 fn each_shared_tier_guard_is_needed() {
-    let cases: [(&str, fn(&mut Guards), &str); 3] = [
+    let cases: [Case; 3] = [
         (
             "generation fences (the stalled claimer)",
             |g| g.generation_fences = false,
