@@ -98,7 +98,13 @@ host replication all 127.0.0.1/32 trust
 HBA
     fi
     if ! as_pg "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-        as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null
+        # A start that fails says why (the stop the caller's trap runs
+        # next removes the log).
+        if ! as_pg "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null; then
+            echo "the cluster on port $port did not start; its log:" >&2
+            tail -n 40 "$base/server.log" >&2 || true
+            exit 1
+        fi
     fi
     "$bindir/psql" -h "$sock" -p "$port" -U postgres -d postgres -qtAc \
         "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1 \
