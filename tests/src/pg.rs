@@ -388,3 +388,38 @@ pub async fn all_named_keys_present(c: &Client, pool: &str, table: &str) -> bool
     }
     true
 }
+
+/// Runs `scripts/pg-cluster.sh CMD` on the test cluster (`restart`,
+/// `down-for 4`, `log`, …); its output, trimmed. Suites that restart the
+/// server run alone (scripts/test.sh).
+pub fn cluster(cmd: &str) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg-cluster.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .args(cmd.split(' '))
+        .output()
+        .unwrap_or_else(|e| panic!("run pg-cluster.sh {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "pg-cluster.sh {cmd} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Retries `f` while it fails with a retryable error (a pool reconnecting
+/// after a restart), at most ~10 s.
+pub async fn eventually<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = alkblobs::Result<T>>,
+{
+    for _ in 0..100 {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => assert!(e.is_retryable(), "not retryable after a restart: {e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("still failing 10 s after the restart");
+}

@@ -9,47 +9,15 @@ use std::time::Duration;
 
 use alkblobs::store::postgres::PostgresOptions;
 use alkblobs::{Key, Store, SweepOptions};
-use alkblobs_tests::pg::{connect, url};
+use alkblobs_tests::pg::{cluster, connect, eventually, url};
 
 /// One restart at a time (the tests of this binary run in parallel).
 static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn cluster(cmd: &str) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg-cluster.sh");
-    let out = std::process::Command::new("bash")
-        .arg(script)
-        .args(cmd.split(' '))
-        .output()
-        .unwrap_or_else(|e| panic!("run pg-cluster.sh {cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "pg-cluster.sh {cmd} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
 
 /// Stops the server (fast: every session, and the scheduler, told to
 /// exit; pg_ctl waits at most 60 s for them) and starts it again.
 fn restart() {
     cluster("restart");
-}
-
-/// Retries `f` while it fails with a retryable error (the pool reconnecting
-/// after the restart), at most ~10 s.
-async fn eventually<T, F, Fut>(mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = alkblobs::Result<T>>,
-{
-    for _ in 0..100 {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => assert!(e.is_retryable(), "not retryable after a restart: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("still failing 10 s after the restart");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

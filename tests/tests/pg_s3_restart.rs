@@ -11,39 +11,8 @@ use std::time::Duration;
 use alkblobs::backend::s3::S3Options;
 use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::{Key, Store, SweepOptions};
-use alkblobs_tests::pg::{connect, ensure_extension, unique, url};
+use alkblobs_tests::pg::{cluster, connect, ensure_extension, eventually, unique, url};
 use alkblobs_tests::s3::location;
-
-fn restart() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg-cluster.sh");
-    let out = std::process::Command::new("bash")
-        .arg(script)
-        .arg("restart")
-        .output()
-        .expect("run pg-cluster.sh restart");
-    assert!(
-        out.status.success(),
-        "pg-cluster.sh restart failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Retries `f` while it fails with a retryable error (the pool reconnecting
-/// after the restart), at most ~10 s.
-async fn eventually<T, F, Fut>(mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = alkblobs::Result<T>>,
-{
-    for _ in 0..100 {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) => assert!(e.is_retryable(), "not retryable after a restart: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("still failing 10 s after the restart");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restart_between_an_s3_pin_and_its_publish_loses_nothing() {
@@ -104,7 +73,9 @@ async fn a_restart_between_an_s3_pin_and_its_publish_loses_nothing() {
         "the put finished before the restart: the test did not exercise it"
     );
     drop(c);
-    tokio::task::spawn_blocking(restart).await.unwrap();
+    tokio::task::spawn_blocking(|| cluster("restart"))
+        .await
+        .unwrap();
     let first = writer.await.unwrap();
     eprintln!(
         "the put across the restart: {}",
