@@ -9,6 +9,27 @@ use stateright::{Checker, Model, Path};
 /// A guard's name, how to remove it, and the property that then fails.
 type Case = (&'static str, fn(&mut Guards), &'static str);
 
+/// Removes each case's guard and checks that `check` then finds a
+/// counterexample to its property; prints it.
+fn each_needed<M, C>(cases: &[Case], check: fn(Guards) -> C)
+where
+    M: Model,
+    M::State: Clone + PartialEq + std::fmt::Debug + std::hash::Hash,
+    M::Action: Clone + PartialEq + std::fmt::Debug,
+    C: Checker<M>,
+{
+    for &(guard, remove, property) in cases {
+        let mut g = Guards::ALL;
+        remove(&mut g);
+        let c = check(g);
+        let path = c.discovery(property).unwrap_or_else(|| {
+            panic!("without {guard}, the checker found no counterexample to {property:?}")
+        });
+        let steps = up_to_violation(c.model(), path, property);
+        eprintln!("without {guard}: {steps:?}");
+    }
+}
+
 /// The actions of `path` up to the first state where `property` fails:
 /// the counterexample, without what the checker explored after it.
 fn up_to_violation<M: Model>(
@@ -97,16 +118,7 @@ fn each_fleet_guard_is_needed() {
             "no liveness row names an absent key",
         ),
     ];
-    for (guard, remove, property) in cases {
-        let mut g = Guards::ALL;
-        remove(&mut g);
-        let c = fleet(g);
-        let path = c.discovery(property).unwrap_or_else(|| {
-            panic!("without {guard}, the checker found no counterexample to {property:?}")
-        });
-        let steps = up_to_violation(c.model(), path, property);
-        eprintln!("without {guard}: {steps:?}");
-    }
+    each_needed(&cases, fleet);
 }
 
 /// Each guard of a shared tier, removed: the property it keeps fails.
@@ -129,14 +141,5 @@ fn each_shared_tier_guard_is_needed() {
             "a writer holding a live pin finds its object",
         ),
     ];
-    for (guard, remove, property) in cases {
-        let mut g = Guards::ALL;
-        remove(&mut g);
-        let c = shared(g);
-        let path = c.discovery(property).unwrap_or_else(|| {
-            panic!("without {guard}, the checker found no counterexample to {property:?}")
-        });
-        let steps = up_to_violation(c.model(), path, property);
-        eprintln!("without {guard}: {steps:?}");
-    }
+    each_needed(&cases, shared);
 }
