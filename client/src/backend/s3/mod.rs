@@ -3,8 +3,9 @@
 //! open and the engine traits (this file); where objects live
 //! (`location.rs`), where credentials come from (`config.rs`), publishing
 //! a blob and reclaiming abandoned uploads (`upload.rs`), the streaming
-//! writer (`writer.rs`) and the lease of a prefix one process writes
-//! (`lease.rs`). (Long because the module docs below are the engine's
+//! writer (`writer.rs`), reads and a fleet prefix's later generations
+//! (`read.rs`), the lease of a prefix one process writes (`lease.rs`) and
+//! the store or pool a prefix belongs to (`owner.rs`). (Long because the module docs below are the engine's
 //! design, and its error classification and the whole contract live
 //! together, as in the other engines' `mod.rs`.)
 //!
@@ -73,6 +74,7 @@ mod config;
 mod lease;
 mod location;
 mod owner;
+mod read;
 mod upload;
 mod writer;
 
@@ -291,64 +293,6 @@ impl Inner {
     /// The generation a put of `key` publishes (see [`Generations`]).
     fn generation(&self, key: &Key) -> u64 {
         self.generations.as_ref().map_or(0, |g| g.get(key))
-    }
-
-    /// The key's objects of generations above 0, with their sizes: the
-    /// names after the key's own in its shard, one listing request (the
-    /// listing starts after the key's name and stops at the next key).
-    async fn later_generations(
-        &self,
-        key: &Key,
-    ) -> Result<Vec<(u64, object_store::path::Path, u64)>> {
-        let loc = &self.opts.location;
-        let mut names = self
-            .store
-            .list_with_offset(Some(&loc.shard(key)), &loc.blob(key));
-        let hex = key.to_string();
-        let mut found = Vec::new();
-        while let Some(m) = names
-            .try_next()
-            .await
-            .map_err(|e| self.err("list a blob's generations", e))?
-        {
-            if !m.location.filename().is_some_and(|n| n.starts_with(&hex)) {
-                break;
-            }
-            if let Some((k, g)) = loc.key_of(&m.location)
-                && k == *key
-                && g > 0
-            {
-                found.push((g, m.location, m.size));
-            }
-        }
-        Ok(found)
-    }
-
-    /// Where a read of `key` goes when its own name is absent: on a
-    /// fleet's prefix, its latest later generation (every generation holds
-    /// the same bytes: the key is their hash); elsewhere nowhere.
-    async fn later(&self, key: &Key) -> Result<Option<(object_store::path::Path, u64)>> {
-        if !self.opts.shared {
-            return Ok(None);
-        }
-        Ok(self
-            .later_generations(key)
-            .await?
-            .into_iter()
-            .max_by_key(|(g, _, _)| *g)
-            .map(|(_, p, size)| (p, size)))
-    }
-
-    async fn get_at(&self, path: &object_store::path::Path) -> Result<Option<Bytes>> {
-        let got = match self.store.get(path).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(self.err("read a blob", e)),
-        };
-        got.bytes()
-            .await
-            .map(Some)
-            .map_err(|e| self.err("read a blob", e))
     }
 }
 
@@ -838,63 +782,6 @@ impl LargeBackend for S3Backend {
             }
         }
         Ok(freed)
-    }
-}
-
-impl Inner {
-    /// A ranged read of the object at `path` (one generation of `key`).
-    async fn read_range_at(
-        &self,
-        key: &Key,
-        path: &object_store::path::Path,
-        offset: u64,
-        len: u64,
-    ) -> Result<Option<Bytes>> {
-        // One ranged GET (the service clamps the end to the object's
-        // size); only an empty range, or a start the service refuses as
-        // past the end (416), takes the HEAD below to answer exactly.
-        if len > 0 {
-            let opts = object_store::GetOptions {
-                range: Some(object_store::GetRange::Bounded(
-                    offset..offset.saturating_add(len),
-                )),
-                ..Default::default()
-            };
-            match self.store.get_opts(path, opts).await {
-                Ok(r) => {
-                    return r
-                        .bytes()
-                        .await
-                        .map(Some)
-                        .map_err(|e| self.err("read a range", e));
-                }
-                Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                Err(e) if transport_failure(&e) => {
-                    return Err(self.err("read a range", e));
-                }
-                Err(_) => {}
-            }
-        }
-        let Some(size) = self.head_size(path).await? else {
-            return Ok(None);
-        };
-        if offset > size {
-            return Err(Error::InvalidRange {
-                key: *key,
-                offset,
-                size,
-            });
-        }
-        let end = offset.saturating_add(len).min(size);
-        if end == offset {
-            return Ok(Some(Bytes::new()));
-        }
-        match self.store.get_range(path, offset..end).await {
-            Ok(b) => Ok(Some(b)),
-            // Deleted between the two requests.
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.err("read a range", e)),
-        }
     }
 }
 
