@@ -92,7 +92,7 @@ step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
 step "PostgreSQL race, protocol, privilege, liveness-registration, local-tier, argument, randomized and engine suites"
-ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring --test pg_peer_races
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_pg
 
 step "the s3 large tier against a real S3 server (Garage, scripts/s3-server.sh): the engine, store and arbiter suites alone and with PostgreSQL (single-instance and fleet pools), writers killed mid-upload, a claimer stopped mid-delete, the database and the S3 server restarted mid-put, fleet processes racing over one s3 pool; then the engine and store suites on moto (scripts/s3-emulator.sh), which honours If-None-Match"

@@ -126,4 +126,14 @@ MUTATIONS = [
       replace=["    IF false THEN\n", "         WHERE f.pool = pl.id AND f.key = ANY($2)\n"],
       kind="ext",
       tests=[("pg_s3", "racing_another_instances_claim")]),
+    # Peers' races, replayed (issue 24; tests/tests/pg_peer_races.rs): the
+    # execution's re-check is what a reference written between the mark and
+    # the delete relies on (Nix #6757, iroh-blobs #247, rustic).
+    M(id="execute-ignores-protection",
+      what="alkblobs_sweep's execution deletes every due row it locks, whatever pins and liveness rows now say",
+      file="sql/api/90-sweep.sql",
+      find="        dead := ARRAY(SELECT k FROM unnest(ent) k EXCEPT SELECT k FROM unnest(pr.keep || pr.busy) k);",
+      replace="        dead := ARRAY(SELECT k FROM unnest(ent) k EXCEPT SELECT k FROM unnest(pr.busy) k);",
+      kind="ext",
+      tests=[("pg_peer_races", "")]),
 ]
