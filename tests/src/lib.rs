@@ -63,6 +63,18 @@ pub mod proc {
             let _ = self.child.wait();
         }
     }
+
+    /// A test that fails (or forgets) leaves no helper behind: one that a
+    /// test stopped (SIGSTOP) would otherwise wait for ever, holding its
+    /// connections.
+    impl Drop for Helper {
+        fn drop(&mut self) {
+            if let Ok(None) = self.child.try_wait() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+    }
 }
 
 pub mod gc_support;

@@ -685,7 +685,7 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
         sock.display()
     ));
     std::fs::write(&conf, text).unwrap();
-    run(&mut as_pg(&[
+    let started = as_pg(&[
         &format!("{BIN}/pg_ctl"),
         "-D",
         data.to_str().unwrap(),
@@ -695,7 +695,15 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
         "-t",
         "60",
         "start",
-    ]));
+    ])
+    .output()
+    .unwrap();
+    assert!(
+        started.status.success(),
+        "the base backup's server did not start: {}\nits log:\n{}",
+        String::from_utf8_lossy(&started.stderr),
+        std::fs::read_to_string(base.join("server.log")).unwrap_or_default()
+    );
     let copy = format!("postgresql://postgres@127.0.0.1:{copy_port}/{db}");
     check_copy(&copy, &db, &owner, &big, "a base backup").await;
     drop(s);

@@ -373,7 +373,6 @@ fn stopped(pid: u32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_claimer_never_deletes_a_re_put_object() {
     use futures::TryStreamExt;
-    use std::io::{BufRead, BufReader};
     use std::time::{Duration, Instant};
     let c = connect().await;
     let (pool, loc) = s3_pool("pgs3-stall", false).await;
@@ -387,21 +386,14 @@ async fn a_stalled_claimer_never_deletes_a_re_put_object() {
     let app = unique("stalled");
     let sep = if url().contains('?') { '&' } else { '?' };
     let helper_url = format!("{}{sep}application_name={app}", url());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
-        .args([
-            "fleet-claim-then-stop",
-            &helper_url,
-            &pool,
-            &loc.to_string(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "deleting", "helper: {line:?}");
-    let pid = child.id();
+    let location = loc.to_string();
+    let mut h = alkblobs_tests::proc::Helper::spawn(
+        env!("CARGO_BIN_EXE_alkblobs-test-helper"),
+        &["fleet-claim-then-stop", &helper_url, &pool, &location],
+    );
+    let line = h.line().unwrap_or_default();
+    assert_eq!(line, "deleting", "helper: {line:?}");
+    let pid = h.child.id();
     let t0 = Instant::now();
     while !stopped(pid) {
         assert!(
@@ -439,10 +431,9 @@ async fn a_stalled_claimer_never_deletes_a_re_put_object() {
     // The stopped claimer resumes and sends the delete it was about to.
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
-    let mut rest = String::new();
-    out.read_line(&mut rest).unwrap();
-    assert_eq!(rest.trim(), "swept error", "its connections are gone");
-    assert!(child.wait().unwrap().success());
+    let rest = h.line().unwrap_or_default();
+    assert_eq!(rest, "swept error", "its connections are gone");
+    assert!(h.child.wait().unwrap().success());
 
     assert_eq!(
         other.get(&key).await.unwrap().map(|b| Key::of(&b)),
