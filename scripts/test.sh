@@ -46,6 +46,15 @@ step "installing prerequisites and the extension; Garage (the S3 server) builds 
 # once (into /opt/garage), in the background while the steps before the
 # S3 suites run; they wait for it (its log: target/garage-install.log).
 mkdir -p target
+# The test servers' ports (PostgreSQL 54329-54341, Garage 39000-39002, moto
+# 39100) lie in Linux's ephemeral range (32768-60999): a client connection
+# can take one as its source port, and a server started on it later fails
+# with "Address already in use" (seen: the second cluster's 54330, taken by
+# a connection to moto). Reserve them, where this runs as root.
+if [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
+    reserved=$(cat /proc/sys/net/ipv4/ip_local_reserved_ports)
+    echo "${reserved:+$reserved,}39000-39002,39100,54329-54341" > /proc/sys/net/ipv4/ip_local_reserved_ports
+fi
 scripts/s3-server.sh install > target/garage-install.log 2>&1 &
 garage_install=$!
 scripts/install-extension.sh
