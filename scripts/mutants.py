@@ -54,11 +54,15 @@ PG2 = "postgresql://postgres@127.0.0.1:54330/alkblobs_test"
 KINDS = ("rust", "ext", "sqlonly")
 
 
-def M(id, what, file, find, replace, kind, tests, env=None, timeout=600, create_in=None):
+def M(id, what, file, find, replace, kind, tests, env=None, timeout=600, create_in=None, s3="garage"):
     assert kind in KINDS, f"{id}: kind {kind!r}"
     assert tests, f"{id}: names no test"
+    # s3: which S3 server the entry's s3 suites run against: Garage, or
+    # moto ("emulator", scripts/s3-emulator.sh), which honours the
+    # conditional creates Garage ignores.
+    assert s3 in ("garage", "emulator"), f"{id}: s3 {s3!r}"
     return dict(id=id, what=what, file=file, find=find, replace=replace, kind=kind,
-                tests=tests, env=env or {}, timeout=timeout, create_in=create_in)
+                tests=tests, env=env or {}, timeout=timeout, create_in=create_in, s3=s3)
 
 
 def load():
@@ -161,15 +165,16 @@ def uses_s3(m, targets):
         return False  # reported as broken when it runs
 
 
-def s3_server(action):
-    """Starts (returning the env its tests read) or stops the test S3 server."""
-    r = subprocess.run(["scripts/s3-server.sh", action], cwd=root, capture_output=True, text=True)
+def s3_server(action, script="scripts/s3-server.sh"):
+    """Starts (returning the env its tests read) or stops a test S3 server."""
+    r = subprocess.run([script, action], cwd=root, capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"scripts/s3-server.sh {action} failed: {r.stderr.strip()}")
+        raise SystemExit(f"{script} {action} failed: {r.stderr.strip()}")
     return dict(line.split("=", 1) for line in r.stdout.split())
 
 
-S3_ENV = {}
+# The environment of each S3 server the chosen entries need, by name.
+S3_ENV = {"garage": {}, "emulator": {}}
 
 
 def run(m, targets, baseline=False):
@@ -209,7 +214,7 @@ def run(m, targets, baseline=False):
                 return "broken"
         caught = []
         for args, filters in plan:
-            env = {"ALKBLOBS_PG_URL": PG1, "ALKBLOBS_PG_URL_OTHER": PG2, **S3_ENV, **m["env"], **extra}
+            env = {"ALKBLOBS_PG_URL": PG1, "ALKBLOBS_PG_URL_OTHER": PG2, **S3_ENV[m["s3"]], **m["env"], **extra}
             # A mutation that does not build proves nothing: build first.
             if sh(["cargo", "test", "--no-run"] + args, env=env, quiet=True) != 0:
                 print(f"  the mutated code does not build ({' '.join(args)}): update the entry")
@@ -256,9 +261,11 @@ def main():
     targets = test_targets()
     clusters("stop")
     clusters("start")
-    s3 = any(uses_s3(m, targets) for m in chosen)
-    if s3:
-        S3_ENV.update(s3_server("start"))
+    s3 = {m["s3"] for m in chosen if uses_s3(m, targets)}
+    if "garage" in s3:
+        S3_ENV["garage"] = s3_server("start")
+    if "emulator" in s3:
+        S3_ENV["emulator"] = s3_server("start", "scripts/s3-emulator.sh")
     if baseline and any(m["kind"] == "ext" for m in chosen) and not install_extension():
         raise SystemExit("cannot install the extension")
     results = []
@@ -275,8 +282,10 @@ def main():
             sh(["scripts/gen-upgrade.py", "--inline"], quiet=True)
             install_extension()  # the unmutated extension back
         clusters("stop")
-        if s3:
+        if "garage" in s3:
             s3_server("stop")
+        if "emulator" in s3:
+            s3_server("stop", "scripts/s3-emulator.sh")
         if any(m["kind"] == "sqlonly" for m in chosen):
             sh(["scripts/sql-only-cluster.sh", "stop"], quiet=True)
     want = "passes" if baseline else "caught"
