@@ -346,20 +346,17 @@ async fn one_of_two_sweeps_does_the_work(same_instance: bool) {
 /// byte for byte. Its renewal resumes for pins taken after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_instance_loses_its_pins_and_recovers_by_re_putting() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let pool = fleet_pool("fl-stop", "3 seconds", "none").await;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
-        .args(["fleet-hold", &url(), &pool, "5"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut input = child.stdin.take().unwrap();
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready", "helper: {line}");
-    let pid = child.id() as i32;
+    // (Killed if this test fails while the helper is stopped.)
+    let mut h = alkblobs_tests::proc::Helper::spawn(
+        env!("CARGO_BIN_EXE_alkblobs-test-helper"),
+        &["fleet-hold", &url(), &pool, "5"],
+    );
+    let mut input = h.child.stdin.take().unwrap();
+    let line = h.line().unwrap_or_default();
+    assert_eq!(line, "ready", "helper: {line}");
+    let pid = h.child.id() as i32;
     let other = open(&pool, FleetLarge::KvOnly).await;
     // Held and renewed past the TTL: sweeps keep them.
     tokio::time::sleep(Duration::from_millis(3500)).await;
@@ -373,11 +370,9 @@ async fn a_stopped_instance_loses_its_pins_and_recovers_by_re_putting() {
     assert_eq!(r.deleted, 5, "expired pins protect nothing: {r:?}");
     assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     writeln!(input, "check").unwrap();
-    let mut report = String::new();
-    out.read_line(&mut report).unwrap();
+    let report = h.line().unwrap_or_default();
     assert_eq!(
-        report.trim(),
-        "lapsed=5 restored=5",
+        report, "lapsed=5 restored=5",
         "the helper's view after SIGCONT"
     );
     // The re-puts restored every blob, pinned again and renewed.
@@ -392,7 +387,7 @@ async fn a_stopped_instance_loses_its_pins_and_recovers_by_re_putting() {
         );
     }
     drop(input);
-    assert!(child.wait().unwrap().success());
+    assert!(h.child.wait().unwrap().success());
 }
 
 /// Several instances in separate OS processes share one pool for a bounded
