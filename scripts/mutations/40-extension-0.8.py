@@ -146,4 +146,11 @@ MUTATIONS = [
       kind="rust",
       tests=[("s3_stores", "racing_for_a_fresh_prefix")],
       s3="emulator"),
+    M(id="pin-new-snapshot-fence",
+      what="alkblobs_pin_new reads a fresh record's fence through its snapshot only (a fence committed after it is missed: generation 0)",
+      file="sql/api/30-puts-and-pins.sql",
+      find="    IF fresh THEN\n",
+      replace="    IF false THEN\n",
+      kind="ext",
+      tests=[("pg_local_tier", "fence_its_snapshot_cannot_see")]),
 ]

@@ -224,6 +224,9 @@ DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
     tomb timestamptz;
     gen bigint;
+    fresh boolean;
+    placed boolean;
+    fence bigint;
 BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.check_owner($3);
@@ -240,7 +243,7 @@ BEGIN
     VALUES (pl.id, $2, coalesce((SELECT ff.generation FROM alkblobs.file_fences ff
                                   WHERE ff.pool = pl.id AND ff.key = $2), 0))
     ON CONFLICT ON CONSTRAINT files_pkey DO UPDATE SET recorded_at = f.recorded_at
-    RETURNING f.deleting_since, f.generation INTO tomb, gen;
+    RETURNING f.deleting_since, f.generation, f.xmax::text = '0' INTO tomb, gen, fresh;
     IF tomb IS NOT NULL THEN
         -- A claim committed this file's deletion and its claimer may be
         -- unlinking it right now: a file put in place before that is done
@@ -249,6 +252,28 @@ BEGIN
                         encode($2, 'hex'), pl.name, tomb
             USING ERRCODE = 'object_in_use',
                   HINT = 'The claiming sweep removes the tombstone when its files are gone (alkblobs_local_deleted); if it died, the next sweep finishes its claim.';
+    END IF;
+    IF fresh THEN
+        -- The key's fence as it is now, not as the insert's snapshot saw
+        -- it: a claim may have fenced the key and removed its tombstone
+        -- while the insert waited for that claim's lock, or (REPEATABLE
+        -- READ, SERIALIZABLE) after the transaction's snapshot was taken.
+        -- Touching the fence row reaches its newest version: at READ
+        -- COMMITTED the statement after sees it; at the snapshot levels a
+        -- fence the snapshot cannot see fails here with 40001 (retry).
+        -- A placeholder made where there is none goes at once.
+        INSERT INTO alkblobs.file_fences AS ff (pool, key, generation) VALUES (pl.id, $2, 1)
+        ON CONFLICT ON CONSTRAINT file_fences_pkey DO NOTHING
+        RETURNING true INTO placed;
+        IF placed THEN
+            DELETE FROM alkblobs.file_fences ff WHERE ff.pool = pl.id AND ff.key = $2;
+        ELSE
+            SELECT ff.generation INTO fence FROM alkblobs.file_fences ff WHERE ff.pool = pl.id AND ff.key = $2;
+            IF fence > gen THEN
+                UPDATE alkblobs.files f SET generation = fence WHERE f.pool = pl.id AND f.key = $2;
+                gen := fence;
+            END IF;
+        END IF;
     END IF;
     PERFORM alkblobs.pin_row(pl, $2, $3);
     RETURN gen;

@@ -507,3 +507,78 @@ async fn staged(c: &Client, pool: &str, k: &[u8]) -> i64 {
     .unwrap()
     .get(0)
 }
+
+/// A writer whose snapshot predates a key's fence (a claim handed the
+/// key's tombstone out again, then its record went) never records the key
+/// at the fenced-off generation: at READ COMMITTED `alkblobs_pin_new` reads
+/// the fence as it is now and returns it; at REPEATABLE READ and
+/// SERIALIZABLE, where its snapshot cannot see the fence, it fails with
+/// 40001 (retry), and the retry gets the fence. Fails when pin_new reads
+/// the fence through its snapshot only (generation 0: the object name a
+/// stopped claimer may still delete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pin_new_gets_a_fence_its_snapshot_cannot_see_at_every_isolation_level() {
+    let c = connect().await;
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let pool = local_pool(&c, "fence-iso").await;
+        let k = key(format!("fenced at {level}").as_bytes());
+        // The writer's transaction takes its snapshot first.
+        let w = connect().await;
+        w.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        w.query_one("SELECT count(*) FROM alkblobs.pools", &[])
+            .await
+            .unwrap();
+        // Meanwhile: published, released, claimed, handed out again (the
+        // fence), deleted.
+        publish_file(&c, &pool, &k, "node-a").await;
+        c.execute("SELECT alkblobs_unpin($1, $2, 'node-a')", &[&pool, &k])
+            .await
+            .unwrap();
+        try_sweep_detailed(&c, &pool).await.unwrap();
+        assert_eq!(claim_keys(&c, &pool).await, vec![k.clone()]);
+        assert_eq!(
+            claim_keys(&c, &pool).await,
+            vec![k.clone()],
+            "handed out again"
+        );
+        c.batch_execute("BEGIN").await.unwrap();
+        c.query(
+            "SELECT * FROM alkblobs_local_deleting_generations($1, ARRAY[$2::bytea])",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+        c.query(
+            "SELECT alkblobs_local_deleted($1, ARRAY[$2::bytea])",
+            &[&pool, &k],
+        )
+        .await
+        .unwrap();
+        c.batch_execute("COMMIT").await.unwrap();
+        let r = w
+            .query_one("SELECT alkblobs_pin_new($1, $2, 'node-b')", &[&pool, &k])
+            .await;
+        match (level, r) {
+            ("READ COMMITTED", Ok(row)) => {
+                assert_eq!(row.get::<_, i64>(0), 1, "{level}: the fenced generation");
+                w.batch_execute("COMMIT").await.unwrap();
+            }
+            (_, Err(e)) if level != "READ COMMITTED" => {
+                assert_eq!(sqlstate(&e), "40001", "{level}: {e}");
+                w.batch_execute("ROLLBACK").await.unwrap();
+                let again: i64 = w
+                    .query_one("SELECT alkblobs_pin_new($1, $2, 'node-b')", &[&pool, &k])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(again, 1, "{level}: the retry gets the fence");
+            }
+            (_, r) => panic!(
+                "{level}: pin_new returned {:?}, not the fence",
+                r.map(|row| row.get::<_, i64>(0))
+            ),
+        }
+    }
+}
