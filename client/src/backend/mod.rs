@@ -363,9 +363,15 @@ pub trait BackendExt: Backend {
 
 impl<T: Backend + ?Sized> BackendExt for T {}
 
-/// The `[offset, offset+len)` window of `value`, clamped to its end.
-pub(crate) fn slice_range(key: &Key, value: &Bytes, offset: u64, len: u64) -> Result<Bytes> {
-    let size = value.len() as u64;
+/// The `[offset, offset+len)` window of a blob of `size` bytes, clamped to
+/// its end; a start past the end is [`crate::Error::InvalidRange`]. Every
+/// engine's ranged read answers by it.
+pub(crate) fn clamp_range(
+    key: &Key,
+    size: u64,
+    offset: u64,
+    len: u64,
+) -> Result<std::ops::Range<u64>> {
     if offset > size {
         return Err(crate::Error::InvalidRange {
             key: *key,
@@ -373,8 +379,13 @@ pub(crate) fn slice_range(key: &Key, value: &Bytes, offset: u64, len: u64) -> Re
             size,
         });
     }
-    let end = offset.saturating_add(len).min(size);
-    Ok(value.slice(offset as usize..end as usize))
+    Ok(offset..offset.saturating_add(len).min(size))
+}
+
+/// The `[offset, offset+len)` window of `value`, clamped to its end.
+pub(crate) fn slice_range(key: &Key, value: &Bytes, offset: u64, len: u64) -> Result<Bytes> {
+    let r = clamp_range(key, value.len() as u64, offset, len)?;
+    Ok(value.slice(r.start as usize..r.end as usize))
 }
 
 /// Runs blocking engine work without stalling the async workers.

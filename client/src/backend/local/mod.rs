@@ -534,14 +534,8 @@ impl LargeBackend for LocalBackend {
                 return Ok(None);
             };
             let size = file.metadata().map_err(read_err)?.len();
-            if offset > size {
-                return Err(Error::InvalidRange {
-                    key: k,
-                    offset,
-                    size,
-                });
-            }
-            let n = len.min(size - offset) as usize;
+            let r = crate::backend::clamp_range(&k, size, offset, len)?;
+            let n = (r.end - r.start) as usize;
             let mut buf = vec![0u8; n];
             file.read_exact_at(&mut buf, offset).map_err(read_err)?;
             Ok(Some(Bytes::from(buf)))

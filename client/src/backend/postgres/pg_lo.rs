@@ -292,14 +292,7 @@ impl LargeBackend for PgLoBackend {
             let Some(size) = rows.first().map(|r| r.get::<_, i64>(0) as u64) else {
                 return Ok(None);
             };
-            if offset > size {
-                return Err(Error::InvalidRange {
-                    key: *key,
-                    offset,
-                    size,
-                });
-            }
-            let end = offset.saturating_add(len).min(size);
+            let end = crate::backend::clamp_range(key, size, offset, len)?.end;
             let mut out = BytesMut::with_capacity((end - offset) as usize);
             let mut at = offset;
             while at < end {

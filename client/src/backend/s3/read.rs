@@ -8,7 +8,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::{Inner, transport_failure};
-use crate::{Error, Key, Result};
+use crate::backend::clamp_range;
+use crate::{Key, Result};
 
 impl Inner {
     /// The key's objects of generations above 0, with their sizes: the
@@ -102,18 +103,11 @@ impl Inner {
         let Some(size) = self.head_size(path).await? else {
             return Ok(None);
         };
-        if offset > size {
-            return Err(Error::InvalidRange {
-                key: *key,
-                offset,
-                size,
-            });
-        }
-        let end = offset.saturating_add(len).min(size);
-        if end == offset {
+        let range = clamp_range(key, size, offset, len)?;
+        if range.is_empty() {
             return Ok(Some(Bytes::new()));
         }
-        match self.store.get_range(path, offset..end).await {
+        match self.store.get_range(path, range).await {
             Ok(b) => Ok(Some(b)),
             // Deleted between the two requests.
             Err(object_store::Error::NotFound { .. }) => Ok(None),
