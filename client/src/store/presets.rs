@@ -175,7 +175,12 @@ fn store_id(dir: &Path) -> Result<String> {
         return Ok(id.to_owned());
     }
     let id = format!("{:032x}", rand::random::<u128>());
-    std::fs::write(&path, format!("{id}\n")).map_err(|e| marker_err(&path, e))?;
+    // Written whole, then renamed: a crash never leaves an empty id (which
+    // the next open would replace, and the prefix then refuse).
+    let tmp = dir.join("store-id.tmp");
+    std::fs::write(&tmp, format!("{id}\n"))
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| marker_err(&path, e))?;
     Ok(id)
 }
 
