@@ -253,8 +253,10 @@ CREATE TABLE alkblobs.files (
 -- dead, but may only be stopped: SIGSTOP, a long pause, a partition). That
 -- claimer may still send the delete it was about to send, at any time, for
 -- the objects of the generations it was handed; so a key recorded afresh
--- gets `generation` (one past every generation a claimer was ever handed),
--- an object name no late delete can name. Rows stay: a stopped process can
+-- gets `generation` (one past every generation a tombstone handed out
+-- again carried), an object name no such late delete can name. (After a
+-- claim whose claimer finished, the key may take the same generation
+-- again: nobody is left to send a late delete.) Rows stay: a stopped process can
 -- resume at any time. (0.8.0; docs/design.md, "The shared tier over S3".)
 CREATE TABLE alkblobs.file_fences (
     pool        integer NOT NULL REFERENCES alkblobs.pools (id),

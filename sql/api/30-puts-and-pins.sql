@@ -258,21 +258,22 @@ BEGIN
         -- it: a claim may have fenced the key and removed its tombstone
         -- while the insert waited for that claim's lock, or (REPEATABLE
         -- READ, SERIALIZABLE) after the transaction's snapshot was taken.
-        -- Touching the fence row reaches its newest version: at READ
-        -- COMMITTED the statement after sees it; at the snapshot levels a
-        -- fence the snapshot cannot see fails here with 40001 (retry).
-        -- A placeholder made where there is none goes at once.
-        INSERT INTO alkblobs.file_fences AS ff (pool, key, generation) VALUES (pl.id, $2, 1)
-        ON CONFLICT ON CONSTRAINT file_fences_pkey DO NOTHING
-        RETURNING true INTO placed;
-        IF placed THEN
-            DELETE FROM alkblobs.file_fences ff WHERE ff.pool = pl.id AND ff.key = $2;
-        ELSE
-            SELECT ff.generation INTO fence FROM alkblobs.file_fences ff WHERE ff.pool = pl.id AND ff.key = $2;
-            IF fence > gen THEN
-                UPDATE alkblobs.files f SET generation = fence WHERE f.pool = pl.id AND f.key = $2;
-                gen := fence;
+        -- At READ COMMITTED the next statement's snapshot sees it. At the
+        -- snapshot levels, touching the fence row reaches its newest
+        -- version: a fence the snapshot cannot see fails here with 40001
+        -- (retry); a placeholder made where there is none goes at once.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            INSERT INTO alkblobs.file_fences AS ff (pool, key, generation) VALUES (pl.id, $2, 1)
+            ON CONFLICT ON CONSTRAINT file_fences_pkey DO NOTHING
+            RETURNING true INTO placed;
+            IF placed THEN
+                DELETE FROM alkblobs.file_fences ff WHERE ff.pool = pl.id AND ff.key = $2;
             END IF;
+        END IF;
+        SELECT ff.generation INTO fence FROM alkblobs.file_fences ff WHERE ff.pool = pl.id AND ff.key = $2;
+        IF fence > gen THEN
+            UPDATE alkblobs.files f SET generation = fence WHERE f.pool = pl.id AND f.key = $2;
+            gen := fence;
         END IF;
     END IF;
     PERFORM alkblobs.pin_row(pl, $2, $3);

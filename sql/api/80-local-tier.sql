@@ -200,8 +200,8 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'sweep');
 BEGIN
-    PERFORM alkblobs.require_read_committed('alkblobs_local_deleting');
-    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_local_deleting');
+    PERFORM alkblobs.require_read_committed('alkblobs_local_deleting_generations');
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_local_deleting_generations');
     PERFORM alkblobs.not_null($2, 'keys');
     PERFORM alkblobs.max_keys($2, 10000);
     RETURN QUERY
