@@ -115,6 +115,13 @@ MUTATIONS = [
       replace="        Some(_) => return Ok(()),\n        None => {}\n",
       kind="rust",
       tests=[("s3_stores", "first_wrote_it"), ("pg_s3", "one_pools_or_one_stores")]),
+    M(id="s3-multipart-dedup",
+      what="a multipart put ignores the HEAD that runs beside its upload's start and rewrites a present object",
+      file="client/src/backend/s3/upload.rs",
+      find="            Ok(None) => {}\n",
+      replace="            Ok(None) | Ok(Some(_)) => {}\n",
+      kind="rust",
+      tests=[("s3_engines", "put_is_immutable")]),
     # The dedup-versus-delete race across instances (issue 23): a put whose
     # object exists while another instance's claim has tombstoned the key.
     # The tombstone is honoured twice over (pin_new refuses it, 55006;

@@ -107,20 +107,28 @@ pub async fn round_trips(e: &Arc<dyn Backend>, caps: Caps) {
     }
 }
 
-/// A second put of a present key is `Existed` and never rewrites it.
-pub async fn put_is_immutable(e: &Arc<dyn Backend>, _caps: Caps) {
-    let value = data(7, 1000);
-    let key = put_new(e, value.clone()).await;
-    // Same key, different bytes: an engine that trusts keys reports
-    // `Existed`; one that verifies content (a database that re-hashes, as
-    // the PostgreSQL extension does) refuses with a hash-mismatch error.
-    // Either way the stored entry is left alone rather than overwritten.
-    let other = Bytes::from(data(8, 1000));
-    match e.put(&key, other).await {
-        Ok(outcome) => assert_eq!(outcome, PutOutcome::Existed),
-        Err(err) => assert_eq!(err.kind(), crate::ErrorKind::Corrupt, "{err}"),
+/// A second put of a present key is `Existed` and never rewrites it, small
+/// or big (an object store's multipart path: 6 MiB is over S3's smallest
+/// part).
+pub async fn put_is_immutable(e: &Arc<dyn Backend>, caps: Caps) {
+    for (seed, size) in [(7, 1000), (9, caps.max_value.min(6 << 20))] {
+        let value = data(seed, size);
+        let key = put_new(e, value.clone()).await;
+        // Same key, different bytes: an engine that trusts keys reports
+        // `Existed`; one that verifies content (a database that re-hashes,
+        // as the PostgreSQL extension does) refuses with a hash-mismatch
+        // error. Either way the stored entry is left alone rather than
+        // overwritten.
+        let other = Bytes::from(data(seed + 1, size));
+        match e.put(&key, other).await {
+            Ok(outcome) => assert_eq!(outcome, PutOutcome::Existed, "a {size}-byte put"),
+            Err(err) => assert_eq!(err.kind(), crate::ErrorKind::Corrupt, "{err}"),
+        }
+        assert!(
+            e.get(&key).await.unwrap().unwrap() == value,
+            "a {size}-byte entry was rewritten"
+        );
     }
-    assert_eq!(e.get(&key).await.unwrap().unwrap(), value);
 }
 
 /// Missing keys read as `None`/`false`, never as errors.

@@ -15,6 +15,9 @@ use crate::{Error, Key, Result};
 /// Above this size, hashing a buffer moves off the async worker threads.
 const HASH_INLINE_MAX: usize = 256 * 1024;
 
+/// From this size a buffer is hashed on rayon's threads (see [`hash`]).
+const HASH_PARALLEL_MIN: usize = 4 << 20;
+
 /// Reads up to one [`CHUNK`] (less only at the end of the stream).
 async fn read_chunk<R: AsyncRead + Unpin>(reader: &mut R) -> std::io::Result<BytesMut> {
     let mut buf = BytesMut::with_capacity(CHUNK);
@@ -36,9 +39,20 @@ pub(crate) async fn hash(bytes: &Bytes) -> Key {
         return Key::of(bytes);
     }
     let b = bytes.clone();
-    match tokio::task::spawn_blocking(move || Key::of(&b)).await {
+    match tokio::task::spawn_blocking(move || key_of_big(&b)).await {
         Ok(k) => k,
         Err(_) => Key::of(bytes),
+    }
+}
+
+/// The key of a big buffer, on every core from [`HASH_PARALLEL_MIN`]
+/// (BLAKE3's tree splits it): an object store's put waits for the key
+/// before its first byte goes out. Blocks; call it off the async workers.
+fn key_of_big(bytes: &[u8]) -> Key {
+    if bytes.len() >= HASH_PARALLEL_MIN {
+        Key::from_hash(blake3::Hasher::new().update_rayon(bytes).finalize())
+    } else {
+        Key::of(bytes)
     }
 }
 
@@ -87,7 +101,7 @@ impl Store {
         let size = bytes.len() as u64;
         let mut writer = self.large_engine()?.begin_write().await?;
         let b = bytes.clone();
-        let hashing = tokio::task::spawn_blocking(move || Key::of(&b));
+        let hashing = tokio::task::spawn_blocking(move || key_of_big(&b));
         if let Err(e) = writer.write(bytes.clone()).await {
             let _ = writer.abort().await;
             return Err(e);

@@ -47,7 +47,8 @@ impl Store {
         let Some((v, tier)) = found else {
             return Ok(None);
         };
-        let actual = Key::of(&v);
+        // Off the async workers, on every core when big.
+        let actual = super::put::hash(&v).await;
         if actual != *key {
             return Err(Error::Corrupt {
                 key: *key,

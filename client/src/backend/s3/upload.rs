@@ -92,15 +92,17 @@ impl Inner {
             .location
             .blob_generation(key, self.generation(key));
         let _one = self.keys.lock(key).await;
-        // Dedup without uploading a byte: committed blobs are immutable.
-        if self.head_size(&path).await?.is_some() {
-            return Ok(PutOutcome::Existed);
-        }
         // The lease is checked again after the wait: a lost lease must not
         // publish.
         self.check_writable("put a blob")?;
         match source {
             Source::Memory(bytes) if bytes.len() <= self.opts.part_size => {
+                // Dedup without uploading a byte: committed blobs are
+                // immutable. (Not left to `If-None-Match` alone: Garage
+                // ignores it and overwrites, answering 200.)
+                if self.head_size(&path).await?.is_some() {
+                    return Ok(PutOutcome::Existed);
+                }
                 self.put_object(&path, bytes).await
             }
             source => self.put_multipart(&path, source).await,
@@ -135,15 +137,22 @@ impl Inner {
             .map_err(|e| self.err("put a blob", e))
     }
 
-    /// A multipart upload straight to `path`, recorded in a marker while it
-    /// runs; aborted (and its marker removed) if it fails.
+    /// A multipart upload straight to `path` unless it is present, recorded
+    /// in a marker while it runs; aborted (and its marker removed) if it
+    /// fails.
     async fn put_multipart(&self, path: &Path, source: Source) -> Result<PutOutcome> {
         let marker = self.opts.location.upload_marker(&random_id());
-        let id = self
-            .store
-            .create_multipart(path)
-            .await
-            .map_err(|e| self.err("start a multipart upload", e))?;
+        // The dedup check and the upload's start are one round trip: a
+        // present object (rare for a blob this big) costs an abort instead.
+        let (present, id) = futures::join!(self.head_size(path), self.store.create_multipart(path));
+        let id = id.map_err(|e| self.err("start a multipart upload", e))?;
+        match present {
+            Ok(None) => {}
+            other => {
+                let _ = self.store.abort_multipart(path, &id).await;
+                return other.map(|_| PutOutcome::Existed);
+            }
+        }
         // Recorded before the first part: a writer killed from here on
         // leaves a marker a sweep finds. (Killed between the two calls, it
         // leaves an empty upload only a bucket lifecycle rule removes:
@@ -155,10 +164,21 @@ impl Inner {
         let result = self.upload_parts(path, &id, &marker, source).await;
         match result {
             Ok(parts) => {
-                let done = self.store.complete_multipart(path, &id, parts).await;
-                let _ = self.store.delete(&marker).await;
-                done.map(|_| PutOutcome::Created)
-                    .map_err(|e| self.err("complete a multipart upload", e))
+                // The marker goes while the upload completes: a writer
+                // killed in that round trip leaves an upload that completes
+                // or one only the lifecycle rule removes, as between the
+                // upload's start and its marker above.
+                let (done, _) = futures::join!(
+                    self.store.complete_multipart(path, &id, parts),
+                    self.store.delete(&marker)
+                );
+                match done {
+                    Ok(_) => Ok(PutOutcome::Created),
+                    Err(e) => {
+                        let _ = self.store.abort_multipart(path, &id).await;
+                        Err(self.err("complete a multipart upload", e))
+                    }
+                }
             }
             Err(e) => {
                 let _ = self.store.abort_multipart(path, &id).await;
