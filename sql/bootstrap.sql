@@ -102,7 +102,20 @@ CREATE TABLE alkblobs.pools (
     -- restarted, and alkblobs.adopt gives its pins a fresh TTL and its marks
     -- a fresh window before anything reaps or deletes.
     seen_incarnation uuid,
-    seen_start       timestamptz
+    seen_start       timestamptz,
+    -- How the pool's sweeps find dead content (0.8.0). 'queue' (the
+    -- default): every event that can leave a key unprotected queues it in
+    -- alkblobs.review_queue, and a sweep reviews only the queue, so its
+    -- cost follows churn; the full mark runs only as an audit (audit_due,
+    -- audit_every, alkblobs_audit). 'mark': every sweep marks the whole
+    -- pool, slice by slice (the collector before 0.8.0).
+    collector      text NOT NULL DEFAULT 'queue' CONSTRAINT collector_known CHECK (collector IN ('queue', 'mark')),
+    -- A 'queue' pool's audits: how often one runs (NULL: only when an
+    -- event asks for one, alkblobs.audit_requests, or alkblobs_audit is
+    -- called), why the one under way runs, and when the last ended.
+    audit_every    interval CONSTRAINT audit_every_positive CHECK (audit_every > interval '0'),
+    audit_running  text,
+    last_audit     timestamptz
 );
 
 -- Per-pool grants: `access` is 'read', 'write' (and read), 'sweep' (and
@@ -210,6 +223,30 @@ CREATE TABLE alkblobs.staged (
 -- The executor walks one due mark's rows in key order.
 CREATE INDEX staged_by_mark ON alkblobs.staged (mark, key);
 
+-- The review queue (0.8.0): the keys of a 'queue' pool that an event may
+-- have left unprotected (a pin released, expired or reaped; a liveness row
+-- deleted or its key changed; an entry or a file recorded), each once,
+-- with the time of its latest event. A sweep reviews the due rows and
+-- stages the keys nothing protects, which the executor deletes a window
+-- later after its usual re-check. A missed row leaks content until the
+-- next audit; it can never delete any (the executor decides that).
+CREATE TABLE alkblobs.review_queue (
+    pool         integer NOT NULL,
+    key          bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    review_after timestamptz NOT NULL,
+    PRIMARY KEY (pool, key)
+);
+CREATE INDEX review_queue_due ON alkblobs.review_queue (pool, review_after);
+-- Audits asked for (0.8.0): an event that cannot be queued key by key (a
+-- liveness table truncated, dropped, unregistered or altered, a restore,
+-- the upgrade) or alkblobs_audit. The next sweep call of the pool that
+-- starts an audit takes the row (alkblobs.request_audit).
+CREATE TABLE alkblobs.audit_requests (
+    pool         integer PRIMARY KEY,
+    reason       text NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
 -- Large-object uploads in progress. An upload belongs to the transaction
 -- and the session role that created it (alkblobs_lo_write and _lo_commit
 -- accept only those); a row whose transaction is over was abandoned (its
@@ -302,7 +339,11 @@ CREATE TABLE alkblobs.sweeps (
     -- The sweep's own abort cause (sweeper_lock, liveness_table_busy, ...).
     aborted          text,
     -- SQLSTATE and message of a scheduled sweep that raised.
-    error            text
+    error            text,
+    -- (0.8.0) Queue rows reviewed; why the call ran a slice of an audit
+    -- (NULL: none); and how many keys that slice staged which no queue
+    -- row, staged row or pin accounted for: events the queue missed.
+    reviewed bigint, audit text, missed bigint
 );
 CREATE INDEX sweeps_by_pool ON alkblobs.sweeps (pool, started);
 
@@ -382,6 +423,8 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.liveness', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.staged', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.files', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.file_fences', '');

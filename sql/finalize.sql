@@ -8,7 +8,8 @@ CREATE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
        coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode,
        p.id AS pool_id, p.sweep_every, p.history_keep, p.warn_after, p.critical_after,
-       p.large_location
+       p.large_location, p.collector, p.audit_every, p.last_audit,
+       coalesce(p.audit_running, (SELECT a.reason FROM alkblobs.audit_requests a WHERE a.pool = p.id)) AS audit_pending
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -63,7 +64,8 @@ SELECT p.name AS pool, s.id, s.started, s.finished, s.finished - s.started AS du
        s.role, s.application_name, s.scheduled, s.dry_run,
        CASE WHEN s.error IS NOT NULL THEN 'error' WHEN s.aborted IS NOT NULL THEN 'aborted' ELSE 'ok' END AS outcome,
        s.aborted, s.error, s.examined, s.live, s.pinned, s.staged, s.executed, s.deleted, s.kept,
-       s.bytes_freed, s.pins_reaped, s.uploads_reaped, s.remaining, s.local_due, s.skipped, s.mark_done
+       s.bytes_freed, s.pins_reaped, s.uploads_reaped, s.remaining, s.local_due, s.skipped, s.mark_done,
+       s.reviewed, s.audit, s.missed
   FROM alkblobs.sweeps s JOIN alkblobs.pools p ON p.id = s.pool
  WHERE alkblobs.may(p, 'read');
 
@@ -255,14 +257,16 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_single_stage(text, bytea[], bigint),
     @extschema@.alkblobs_single_seal(text, text, bigint)
   TO alkblobs_sweeper;
-GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer), @extschema@.alkblobs_cron_sweep(text) TO alkblobs_sweeper;
+GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer), @extschema@.alkblobs_cron_sweep(text),
+    @extschema@.alkblobs_audit(text, integer) TO alkblobs_sweeper;
+GRANT EXECUTE ON FUNCTION @extschema@.alkblobs_request_audit(text) TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_cron_claim(text),
     @extschema@.alkblobs_cron_step(text, boolean)
   TO alkblobs_sweeper;
 GRANT EXECUTE ON FUNCTION
-    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean, interval, interval, interval, interval, text),
-    @extschema@.alkblobs_alter_pool(text, interval, interval, bigint, interval, interval, interval, interval),
+    @extschema@.alkblobs_create_pool(text, interval, interval, text, bigint, boolean, interval, interval, interval, interval, text, text, interval),
+    @extschema@.alkblobs_alter_pool(text, interval, interval, bigint, interval, interval, interval, interval, text, interval),
     @extschema@.alkblobs_register_liveness(text, regclass, boolean),
     @extschema@.alkblobs_unregister_liveness(text, regclass),
     @extschema@.alkblobs_grant_pool(text, regrole, text),
@@ -271,13 +275,15 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_unschedule_cron(text)
   TO alkblobs_admin;
 -- Registration runs as the caller (it creates the guard trigger on the
--- caller's table), so admins reach exactly these five internals, in a
+-- caller's table), so admins reach exactly these seven internals, in a
 -- schema of their own (see bootstrap.sql: no USAGE on schema alkblobs).
 GRANT USAGE ON SCHEMA alkblobs_registration TO alkblobs_admin;
 -- (The extension's own checks name the guard function.)
 GRANT USAGE ON SCHEMA alkblobs_registration TO alkblobs_owner;
 GRANT EXECUTE ON FUNCTION
     alkblobs_registration.liveness_guard(),
+    alkblobs_registration.liveness_truncated(),
+    alkblobs_registration.install_guard(regclass),
     alkblobs_registration.lock_pool_for_admin(text),
     alkblobs_registration.require_read_committed(text),
     alkblobs_registration.add_source(text, regclass, boolean),

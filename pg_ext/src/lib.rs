@@ -72,9 +72,14 @@ pgrx::extension_sql_file!(
     requires = ["api_70_liveness"]
 );
 pgrx::extension_sql_file!(
+    "../../sql/api/85-review.sql",
+    name = "api_85_review",
+    requires = ["api_80_local_tier"]
+);
+pgrx::extension_sql_file!(
     "../../sql/api/90-sweep.sql",
     name = "api_90_sweep",
-    requires = ["api_80_local_tier"]
+    requires = ["api_85_review"]
 );
 pgrx::extension_sql_file!(
     "../../sql/api/91-scheduler.sql",

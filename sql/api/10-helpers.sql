@@ -151,6 +151,9 @@ BEGIN
                                       relid = 'alkblobs.incarnation'::regclass
      WHERE i.relid <> 'alkblobs.incarnation'::regclass;
     IF restored THEN
+        -- The restored review queue is the dump's: events since it was
+        -- taken are not in it, so the full mark runs once.
+        PERFORM alkblobs.request_audit(pl.id, 'a restore from a dump');
         -- A restored lease names a backend of the other server (its pid
         -- may be a live one here); a lease only decides which client does
         -- the work (every sweep call takes the sweeper lock itself).
@@ -441,7 +444,9 @@ BEGIN
         SELECT 1 FROM pg_catalog.pg_trigger tg
          WHERE tg.tgrelid = rel AND tg.tgname = 'alkblobs_liveness_guard'
            AND tg.tgfoid = 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure
-           AND tg.tgtype = 21  -- ROW | INSERT | UPDATE, AFTER
+           -- ROW | INSERT | UPDATE (| DELETE since 0.8.0), AFTER; a
+           -- 'queue' pool needs DELETE (alkblobs.queue_problem)
+           AND tg.tgtype IN (21, 29)
            AND tg.tgenabled = 'A' AND tg.tgqual IS NULL AND tg.tgnargs = 0
            AND tg.tgconstraint = 0 AND NOT tg.tgdeferrable
            AND coalesce(pg_catalog.array_length(tg.tgattr::int2[], 1), 0) = 0) THEN
@@ -454,6 +459,26 @@ BEGIN
                 RETURN format('has a partition %s that %s', child::pg_catalog.regclass, prob);
             END IF;
         END LOOP;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- What a 'queue' pool needs of registered table `rel` beyond
+-- source_problem: a guard that also fires on DELETE, on it and on every
+-- partition (one installed before 0.8.0 does not, and rows deleted would
+-- leave their keys unqueued), and its TRUNCATE trigger. NULL if none.
+CREATE FUNCTION alkblobs.queue_problem(rel oid) RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
+                WHERE tg.tgname = 'alkblobs_liveness_guard' AND tg.tgtype <> 29
+                  AND tg.tgrelid IN (SELECT rel UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(rel) pt))
+       OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
+                       WHERE tg.tgrelid = rel AND tg.tgname = 'alkblobs_liveness_truncate'
+                         AND tg.tgfoid = 'alkblobs_registration.liveness_truncated()'::pg_catalog.regprocedure
+                         AND tg.tgtype = 32 AND tg.tgenabled = 'A') THEN
+        RETURN 'has guard triggers that do not see deletions and truncation (installed before 0.8.0, or altered): register it again, or set the pool''s collector to ''mark''';
     END IF;
     RETURN NULL;
 END $$;
@@ -620,9 +645,17 @@ DECLARE
     pl alkblobs.pools;
 BEGIN
     busy := false;
+    SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
     FOR r IN SELECT l.relid, l.pending, l.forward_refs, l.guard_seen FROM alkblobs.liveness l WHERE l.pool = p ORDER BY l.relid LOOP
         SELECT * INTO ls FROM alkblobs.lock_source(r.relid);
-        CONTINUE WHEN ls.gone;
+        IF ls.gone THEN
+            -- (The SQL-only flavour's drop: no event trigger saw it.)
+            PERFORM alkblobs.request_audit(p, format('liveness table %s was dropped', r.relid::oid));
+            CONTINUE;
+        END IF;
+        IF ls.problem IS NULL AND pl.collector = 'queue' THEN
+            ls.problem := alkblobs.queue_problem(r.relid);
+        END IF;
         IF ls.problem IS NOT NULL THEN
             problem := format('%s %s', r.relid::pg_catalog.regclass, ls.problem);
             busy := ls.busy;
@@ -632,7 +665,6 @@ BEGIN
             r.pending := 'recheck';
         END IF;
         IF r.pending IS NOT NULL THEN
-            SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
             BEGIN
                 PERFORM alkblobs.refuse_absent(pl, r.relid);
             EXCEPTION WHEN SQLSTATE 'AB002' THEN
@@ -641,6 +673,9 @@ BEGIN
             END;
             UPDATE alkblobs.liveness l SET pending = NULL, guard_seen = alkblobs.guard_state(r.relid)
              WHERE l.pool = p AND l.relid = r.relid;
+            -- Rows may also have been deleted while the guard was off, or
+            -- a partition detached: keys no queue row names.
+            PERFORM alkblobs.request_audit(p, format('liveness table %s changed (ALTER TABLE, or its guard was altered)', r.relid::pg_catalog.regclass));
         END IF;
     END LOOP;
 END $$;

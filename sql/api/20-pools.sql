@@ -53,6 +53,21 @@ BEGIN
     END IF;
 END $$;
 
+-- A collector and an audit period (NULL or '0': none).
+CREATE FUNCTION alkblobs.check_collector(c text, every interval) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF c IS NOT NULL AND c NOT IN ('queue', 'mark') THEN
+        RAISE EXCEPTION 'collector must be ''queue'' or ''mark'', got %', quote_literal(c)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF every < interval '0' OR alkblobs.mixed_interval(every) OR every > interval '366 days' THEN
+        RAISE EXCEPTION 'audit_every must be between 0 (none) and 366 days, in days or smaller units only, got %', every
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
 -- Validates scheduling and health settings (NULLs are "unchanged" and
 -- pass; '0' means "back to the default" and passes too).
 CREATE FUNCTION alkblobs.check_schedule(every interval, keep interval, warn interval, crit interval) RETURNS void
@@ -147,15 +162,18 @@ CREATE FUNCTION @extschema@.alkblobs_create_pool(
     history_keep interval DEFAULT '14 days',
     warn_after interval DEFAULT NULL,
     critical_after interval DEFAULT NULL,
-    large_location text DEFAULT NULL)
+    large_location text DEFAULT NULL,
+    collector text DEFAULT 'queue',
+    audit_every interval DEFAULT '1 day')
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL OR $8 IS NULL THEN
-        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes, single_instance and history_keep must not be NULL'
+    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL OR $8 IS NULL OR $12 IS NULL THEN
+        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes, single_instance, history_keep and collector must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
+    PERFORM alkblobs.check_collector($12, $13);
     PERFORM alkblobs.check_max_object($5);
     IF $1 !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
         RAISE EXCEPTION 'invalid pool name %: use 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit', quote_literal($1)
@@ -198,10 +216,10 @@ BEGIN
     END IF;
     INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode,
                                 sweep_every, history_keep, warn_after, critical_after, seen_incarnation, seen_start,
-                                large_location)
+                                large_location, collector, audit_every)
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'),
-            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time(), $11);
+            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time(), $11, $12, nullif($13, interval '0'));
     INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));
@@ -212,7 +230,10 @@ EXCEPTION WHEN unique_violation THEN
 END $$;
 
 -- NULL settings are unchanged; sweep_every, warn_after and critical_after
--- set to interval '0' go back to their defaults (manual; derived).
+-- set to interval '0' go back to their defaults (manual; derived), and
+-- audit_every set to interval '0' means no scheduled audit. A pool that
+-- takes the 'queue' collector starts with an audit (its queue is empty);
+-- one that leaves it drops its queue.
 CREATE FUNCTION @extschema@.alkblobs_alter_pool(
     pool text,
     delete_window interval DEFAULT NULL,
@@ -221,15 +242,19 @@ CREATE FUNCTION @extschema@.alkblobs_alter_pool(
     sweep_every interval DEFAULT NULL,
     history_keep interval DEFAULT NULL,
     warn_after interval DEFAULT NULL,
-    critical_after interval DEFAULT NULL)
+    critical_after interval DEFAULT NULL,
+    collector text DEFAULT NULL,
+    audit_every interval DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'admin');
+    was text := pl.collector;
 BEGIN
     PERFORM alkblobs.check_settings($2, $3);
     PERFORM alkblobs.check_schedule($5, $6, $7, $8);
+    PERFORM alkblobs.check_collector(coalesce($9, pl.collector), $10);
     IF $4 IS NOT NULL THEN
         PERFORM alkblobs.check_max_object($4);
     END IF;
@@ -244,9 +269,19 @@ BEGIN
            sweep_every = CASE WHEN $5 IS NULL THEN p.sweep_every ELSE nullif($5, interval '0') END,
            history_keep = coalesce($6, p.history_keep),
            warn_after = CASE WHEN $7 IS NULL THEN p.warn_after ELSE nullif($7, interval '0') END,
-           critical_after = CASE WHEN $8 IS NULL THEN p.critical_after ELSE nullif($8, interval '0') END
+           critical_after = CASE WHEN $8 IS NULL THEN p.critical_after ELSE nullif($8, interval '0') END,
+           collector = coalesce($9, p.collector),
+           audit_every = CASE WHEN $10 IS NULL THEN p.audit_every ELSE nullif($10, interval '0') END
      WHERE p.id = pl.id
     RETURNING * INTO pl;
+    IF pl.collector <> was THEN
+        IF pl.collector = 'queue' THEN
+            PERFORM alkblobs.request_audit(pl.id, 'the collector changed to ''queue'' (its queue starts empty)');
+        ELSE
+            DELETE FROM alkblobs.review_queue q WHERE q.pool = pl.id;
+            DELETE FROM alkblobs.audit_requests a WHERE a.pool = pl.id;
+        END IF;
+    END IF;
     IF $5 IS NOT NULL THEN
         PERFORM alkblobs.notice_if_unscheduled(pl.name, pl.sweep_every);
     END IF;

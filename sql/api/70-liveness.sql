@@ -4,10 +4,14 @@
 
 -- Liveness tables --------------------------------------------------------------
 
--- Installed on every registered liveness table (AFTER INSERT OR UPDATE, FOR
--- EACH ROW, ENABLE ALWAYS: it sees the final key, after generated columns
--- and every BEFORE trigger, and fires under session_replication_role =
--- replica too). For each pool the table is registered with, a row naming a
+-- Installed on every registered liveness table (AFTER INSERT OR UPDATE OR
+-- DELETE, FOR EACH ROW, ENABLE ALWAYS: it sees the final key, after
+-- generated columns and every BEFORE trigger, and fires under
+-- session_replication_role = replica too). A row deleted, or updated to
+-- another key, queues its old key for review in each 'queue' pool the
+-- table is registered with (alkblobs.queue_unreferenced; a guard installed
+-- before 0.8.0 fires on INSERT OR UPDATE only, and such a pool's sweeps ask
+-- for the table to be registered again). For each pool the table is registered with, a row naming a
 -- key locks the row that says the pool holds it FOR KEY SHARE: the entry,
 -- or in a local-tier pool the file's row in alkblobs.files. An executor or
 -- claim deciding the key is waited for; one that comes later passes over
@@ -27,13 +31,25 @@ DECLARE
 BEGIN
     -- Never convert a column of someone else's type: its cast would run as
     -- this function's owner.
+    IF TG_OP = 'DELETE' THEN
+        IF pg_catalog.pg_typeof(OLD.key) <> 'pg_catalog.bytea'::pg_catalog.regtype THEN
+            RAISE EXCEPTION 'liveness table % has a "key" column of type %, not bytea', TG_RELID::pg_catalog.regclass, pg_catalog.pg_typeof(OLD.key)
+                USING ERRCODE = 'AB004';
+        END IF;
+        PERFORM alkblobs.queue_unreferenced(TG_RELID, OLD.key);
+        RETURN NULL;
+    END IF;
     IF pg_catalog.pg_typeof(NEW.key) <> 'pg_catalog.bytea'::pg_catalog.regtype THEN
         RAISE EXCEPTION 'liveness table % has a "key" column of type %, not bytea', TG_RELID::pg_catalog.regclass, pg_catalog.pg_typeof(NEW.key)
             USING ERRCODE = 'AB004';
     END IF;
     k := NEW.key;
-    IF TG_OP = 'UPDATE' AND OLD.key IS NOT DISTINCT FROM k THEN
-        RETURN NULL;
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.key IS NOT DISTINCT FROM k THEN
+            RETURN NULL;
+        END IF;
+        -- (The same column: NEW's type is OLD's.)
+        PERFORM alkblobs.queue_unreferenced(TG_RELID, OLD.key);
     END IF;
     IF k IS NULL OR length(k) <> 32 THEN
         RETURN NULL;
@@ -195,6 +211,9 @@ BEGIN
     PERFORM alkblobs.take_lock(pl.id, false);
     DELETE FROM alkblobs.liveness l WHERE l.pool = pl.id AND l.relid = $2;
     found_it := FOUND;
+    IF found_it THEN
+        PERFORM alkblobs.request_audit(pl.id, format('liveness table %s was unregistered', $2));
+    END IF;
     elsewhere := EXISTS (SELECT 1 FROM alkblobs.liveness l WHERE l.relid = $2);
     IF NOT elsewhere THEN
         EXECUTE format('DROP VIEW IF EXISTS %s', alkblobs.source_name($2));
@@ -211,7 +230,6 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     rel record;
     keytype oid;
-    tg record;
 BEGIN
     IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL THEN
         RAISE EXCEPTION 'pool, table and forward_references must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -244,17 +262,7 @@ BEGIN
     -- The pool's sweeper lock before any lock on the table: a sweep holds
     -- the pool and then locks its tables, so the other order deadlocks.
     PERFORM alkblobs_registration.lock_pool_for_admin($1);
-    -- The guard: ours, exactly (an older or altered one is replaced).
-    SELECT t.tgfoid, t.tgtype INTO tg FROM pg_catalog.pg_trigger t WHERE t.tgrelid = $2 AND t.tgname = 'alkblobs_liveness_guard';
-    IF FOUND AND (tg.tgfoid <> 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 21) THEN
-        EXECUTE format('DROP TRIGGER alkblobs_liveness_guard ON %s', $2);
-    END IF;
-    IF NOT FOUND OR tg.tgfoid <> 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 21 THEN
-        EXECUTE format('CREATE TRIGGER alkblobs_liveness_guard AFTER INSERT OR UPDATE ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION alkblobs_registration.liveness_guard()', $2);
-    END IF;
-    -- ALWAYS: also under session_replication_role = replica.
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER alkblobs_liveness_guard', $2);
+    PERFORM alkblobs_registration.install_guard($2);
     -- alkblobs_owner reads it (through its view, alkblobs.src_<oid>; its
     -- partitions through it).
     EXECUTE format('GRANT SELECT ON %s TO alkblobs_owner', $2);
@@ -272,6 +280,53 @@ BEGIN
     END IF;
 END $$;
 
+-- The triggers of a registered table, ours exactly (an older or altered one
+-- is replaced): the guard (AFTER INSERT OR UPDATE OR DELETE, FOR EACH ROW,
+-- cloned onto every partition) and, for 'queue' pools, the TRUNCATE
+-- trigger, both ENABLE ALWAYS (also under session_replication_role =
+-- replica). SECURITY INVOKER: run by the table's owner (registration), or
+-- by the extension's owner for the tables registered before 0.8.0.
+CREATE FUNCTION alkblobs_registration.install_guard(tbl regclass) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    tg record;
+BEGIN
+    SELECT t.tgfoid, t.tgtype INTO tg FROM pg_catalog.pg_trigger t WHERE t.tgrelid = $1 AND t.tgname = 'alkblobs_liveness_guard';
+    IF FOUND AND (tg.tgfoid <> 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 29) THEN
+        EXECUTE format('DROP TRIGGER alkblobs_liveness_guard ON %s', $1);
+    END IF;
+    IF NOT FOUND OR tg.tgfoid <> 'alkblobs_registration.liveness_guard()'::pg_catalog.regprocedure OR tg.tgtype <> 29 THEN
+        EXECUTE format('CREATE TRIGGER alkblobs_liveness_guard AFTER INSERT OR UPDATE OR DELETE ON %s '
+                       'FOR EACH ROW EXECUTE FUNCTION alkblobs_registration.liveness_guard()', $1);
+    END IF;
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER alkblobs_liveness_guard', $1);
+    SELECT t.tgfoid, t.tgtype INTO tg FROM pg_catalog.pg_trigger t WHERE t.tgrelid = $1 AND t.tgname = 'alkblobs_liveness_truncate';
+    IF FOUND AND (tg.tgfoid <> 'alkblobs_registration.liveness_truncated()'::pg_catalog.regprocedure OR tg.tgtype <> 32) THEN
+        EXECUTE format('DROP TRIGGER alkblobs_liveness_truncate ON %s', $1);
+    END IF;
+    IF NOT FOUND OR tg.tgfoid <> 'alkblobs_registration.liveness_truncated()'::pg_catalog.regprocedure OR tg.tgtype <> 32 THEN
+        EXECUTE format('CREATE TRIGGER alkblobs_liveness_truncate AFTER TRUNCATE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION alkblobs_registration.liveness_truncated()', $1);
+    END IF;
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER alkblobs_liveness_truncate', $1);
+END $$;
+
+-- A registered table truncated: every key its rows protected may be
+-- unprotected now, which no queue row says key by key, so each 'queue'
+-- pool it is registered with gets an audit (a full mark). A TRUNCATE of
+-- one partition fires no trigger of its parent's: that leaks until the
+-- next scheduled audit, it never deletes anything protected.
+CREATE FUNCTION alkblobs_registration.liveness_truncated() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM alkblobs.request_audit(l.pool, format('liveness table %s was truncated', TG_RELID::pg_catalog.regclass))
+       FROM alkblobs.liveness l
+      WHERE l.relid = TG_RELID OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(TG_RELID) a);
+    RETURN NULL;
+END $$;
+
 -- Unregisters a table you own. SECURITY INVOKER for the same reason.
 CREATE FUNCTION @extschema@.alkblobs_unregister_liveness(pool text, tbl regclass)
 RETURNS boolean
@@ -287,6 +342,7 @@ BEGIN
     SELECT * INTO r FROM alkblobs_registration.remove_source($1, $2);
     IF NOT r.elsewhere THEN
         EXECUTE format('DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON %s', $2);
+        EXECUTE format('DROP TRIGGER IF EXISTS alkblobs_liveness_truncate ON %s', $2);
         EXECUTE format('REVOKE SELECT, UPDATE ON %s FROM alkblobs_owner', $2);
     END IF;
     RETURN r.found_it;
@@ -300,10 +356,15 @@ END $$;
 CREATE FUNCTION alkblobs.on_sql_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
 BEGIN
-    DELETE FROM alkblobs.liveness l
-     USING pg_catalog.pg_event_trigger_dropped_objects() d
-     WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = l.relid;
+    FOR r IN DELETE FROM alkblobs.liveness l
+              USING pg_catalog.pg_event_trigger_dropped_objects() d
+              WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = l.relid
+              RETURNING l.pool, d.object_identity LOOP
+        PERFORM alkblobs.request_audit(r.pool, format('liveness table %s was dropped', r.object_identity));
+    END LOOP;
 END $$;
 
 CREATE EVENT TRIGGER alkblobs_liveness_drop ON sql_drop

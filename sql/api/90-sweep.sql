@@ -8,10 +8,15 @@
 -- alkblobs.take_lock): the lock cannot outlive the call or be lost inside it, whatever a
 -- connection pooler does. Steps: validate every registered liveness table
 -- (one that fails aborts the call, cause 'liveness_table_invalid'); reap
--- expired pins and abandoned uploads; mark one slice of at most `max_keys`
--- entries after the pool's persisted mark cursor and stage the unprotected
--- ones (the mark is sealed, visible_after = mark_end + window, when a slice
--- reaches the end of the pool; until then its rows are not due); then
+-- expired pins and abandoned uploads; in a 'queue' pool review at most
+-- `max_keys` due rows of its review queue (`reviewed`; alkblobs.review),
+-- staging the unprotected keys under a mark sealed at once; mark one
+-- slice of at most `max_keys` entries after the pool's persisted mark
+-- cursor and stage the unprotected ones — in every call of a 'mark' pool,
+-- in a 'queue' pool's only during an audit (`audit` says why it runs,
+-- `missed` how many keys the slice staged that the queue did not account
+-- for) — (the mark is sealed, visible_after = mark_end + window, when a
+-- slice reaches the end of the pool; until then its rows are not due); then
 -- execute at most `max_keys` kv/lo rows due by now, each batch locked FOR
 -- UPDATE SKIP LOCKED and re-checked against pins and liveness tables
 -- before it is deleted. A key someone holds a lock on is passed over
@@ -31,13 +36,18 @@ RETURNS TABLE (
     examined bigint, live bigint, pinned bigint, staged bigint, executed bigint,
     deleted bigint, kept bigint, bytes_freed bigint, pins_reaped bigint, remaining bigint,
     local_due bigint, skipped bigint, uploads_reaped bigint, mark_done boolean,
-    aborted text, duration interval)
+    aborted text, duration interval, reviewed bigint, audit text, missed bigint)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     t0 timestamptz := clock_timestamp();
     pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+    v_marking boolean;
+    rv record;
+    st record;
+    ks bytea[];
+    tiers text[];
     v_dry boolean := $2;
     v_max integer := $3;
     v_mark boolean := $4;
@@ -76,7 +86,7 @@ BEGIN
     END IF;
     examined := 0; live := 0; pinned := 0; staged := 0; executed := 0; deleted := 0;
     kept := 0; bytes_freed := 0; pins_reaped := 0; remaining := 0; local_due := 0;
-    skipped := 0; uploads_reaped := 0; mark_done := false;
+    skipped := 0; uploads_reaped := 0; mark_done := false; reviewed := 0;
     IF pl.mode = 'single' THEN
         RAISE WARNING 'alkblobs pool "%" is a single-instance pool: the store instance that owns it sweeps it', pl.name;
         aborted := 'single_instance_pool';
@@ -133,9 +143,37 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- 2. Mark one slice. A dry run examines the same slice (from the
-    -- pool's cursor, at most max_keys) and stages nothing.
-    IF v_mark THEN
+    -- 2. A 'queue' pool's review: the keys events queued (85-review.sql).
+    IF pl.collector = 'queue' THEN
+        SELECT * INTO rv FROM alkblobs.review(pl, v_keys, v_dry, live_sql);
+        reviewed := rv.reviewed;
+        examined := rv.examined;
+        pinned := rv.pinned;
+        candidates := rv.candidates;
+        staged := rv.staged;
+    END IF;
+
+    -- 3. Mark one slice: in every call of a 'mark' pool; in a 'queue'
+    -- pool's only while an audit runs, or to start one (asked for, or
+    -- audit_every since the last). A dry run examines the same slice (from
+    -- the pool's cursor, at most max_keys), stages nothing and starts no
+    -- audit.
+    v_marking := v_mark AND pl.collector = 'mark';
+    IF v_mark AND pl.collector = 'queue' THEN
+        IF pl.open_mark IS NOT NULL AND EXISTS (SELECT 1 FROM alkblobs.marks mk WHERE mk.id = pl.open_mark AND mk.mark_end IS NULL) THEN
+            audit := coalesce(pl.audit_running, 'under way');
+        ELSIF v_dry THEN
+            SELECT a.reason INTO audit FROM alkblobs.audit_requests a WHERE a.pool = pl.id;
+        ELSE
+            DELETE FROM alkblobs.audit_requests a WHERE a.pool = pl.id RETURNING a.reason INTO audit;
+        END IF;
+        IF audit IS NULL AND pl.audit_every IS NOT NULL
+           AND coalesce(pl.last_audit, pl.created_at) + pl.audit_every <= clock_timestamp() THEN
+            audit := 'scheduled';
+        END IF;
+        v_marking := audit IS NOT NULL;
+    END IF;
+    IF v_marking THEN
         v_mark_id := pl.open_mark;
         v_cursor := pl.mark_cursor;
         IF v_mark_id IS NULL OR NOT EXISTS (SELECT 1 FROM alkblobs.marks mk WHERE mk.id = v_mark_id AND mk.mark_end IS NULL) THEN
@@ -145,45 +183,26 @@ BEGIN
             END IF;
             v_cursor := '\x'::bytea;
         END IF;
-        EXECUTE format($q$
-            -- Entries, and the files a local-tier pool recorded (the
-            -- client claims those), merged in key order.
-            WITH slice AS MATERIALIZED (
-                -- (A key that is both, after a threshold change, is one
-                -- candidate: its entry; the file is staged once that is
-                -- gone.)
-                SELECT u.key, min(u.tier) AS tier FROM (
-                    SELECT e.key, e.tier FROM alkblobs.entries e WHERE e.pool = $1 AND e.key > $4
-                    UNION ALL
-                    SELECT f.key, 'local' FROM alkblobs.files f
-                     WHERE f.pool = $1 AND f.key > $4 AND f.deleting_since IS NULL) u
-                 GROUP BY u.key ORDER BY u.key LIMIT $5),
-            -- Pins and staged rows of the slice by `key = ANY(array)`:
-            -- an index lookup whatever the (often stale) row estimates
-            -- of a freshly filled pool, never a per-row range scan.
-            held AS MATERIALIZED (
-                SELECT DISTINCT pn.key FROM alkblobs.pins pn
-                 WHERE pn.pool = $1 AND pn.key = ANY (ARRAY(SELECT key FROM slice)) AND pn.expires_at > $2),
-            already AS MATERIALIZED (
-                SELECT s.key FROM alkblobs.staged s
-                 WHERE s.pool = $1 AND s.key = ANY (ARRAY(SELECT key FROM slice))),
-            cand AS MATERIALIZED (
-                SELECT c.key, c.tier FROM slice c
-                 WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.key = c.key)
-                   AND NOT (%s)),
-            fresh AS MATERIALIZED (
-                SELECT cand.key, cand.tier FROM cand
-                 WHERE NOT EXISTS (SELECT 1 FROM already a WHERE a.key = cand.key)),
-            ins AS (
-                INSERT INTO alkblobs.staged (pool, key, tier, mark)
-                SELECT $1, fresh.key, fresh.tier, $3 FROM fresh WHERE NOT $6
-                ON CONFLICT (pool, key) DO NOTHING
-                RETURNING 1)
-            SELECT (SELECT count(*) FROM slice), (SELECT s2.key FROM slice s2 ORDER BY s2.key DESC LIMIT 1), (SELECT count(*) FROM held),
-                   (SELECT count(*) FROM cand),
-                   CASE WHEN $6 THEN (SELECT count(*) FROM fresh) ELSE (SELECT count(*) FROM ins) END$q$, live_sql)
-            INTO examined, v_last, pinned, candidates, staged
-            USING pl.id, clock_timestamp(), v_mark_id, v_cursor, v_keys, v_dry;
+        -- Entries, and the files a local-tier pool recorded (the client
+        -- claims those), merged in key order. (A key that is both, after
+        -- a threshold change, is one candidate: its entry; the file is
+        -- staged once that is gone.)
+        SELECT array_agg(x.key ORDER BY x.key), array_agg(x.tier ORDER BY x.key) INTO ks, tiers FROM (
+            SELECT u.key, min(u.tier) AS tier FROM (
+                SELECT e.key, e.tier FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key > v_cursor
+                UNION ALL
+                SELECT f.key, 'local' FROM alkblobs.files f
+                 WHERE f.pool = pl.id AND f.key > v_cursor AND f.deleting_since IS NULL) u
+             GROUP BY u.key ORDER BY u.key LIMIT v_keys) x;
+        IF ks IS NOT NULL THEN
+            v_last := ks[cardinality(ks)];
+            examined := examined + cardinality(ks);
+            SELECT * INTO st FROM alkblobs.stage_unprotected(pl.id, ks, tiers, v_mark_id, v_dry, live_sql, pl.collector = 'queue');
+            pinned := pinned + st.pinned;
+            candidates := candidates + st.candidates;
+            staged := staged + st.staged;
+            missed := st.missed;
+        END IF;
         mark_done := v_last IS NULL
             OR (NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key > v_last)
                 AND NOT EXISTS (SELECT 1 FROM alkblobs.files f
@@ -194,12 +213,17 @@ BEGIN
             -- Seal: the window runs from the end of the mark.
             v_mark_end := clock_timestamp();
             UPDATE alkblobs.marks mk SET mark_end = v_mark_end WHERE mk.id = v_mark_id;
-            UPDATE alkblobs.pools p SET open_mark = NULL, mark_cursor = NULL WHERE p.id = pl.id;
+            UPDATE alkblobs.pools p SET open_mark = NULL, mark_cursor = NULL, audit_running = NULL,
+                                        last_audit = CASE WHEN audit IS NULL THEN p.last_audit ELSE v_mark_end END
+             WHERE p.id = pl.id;
         ELSE
-            UPDATE alkblobs.pools p SET open_mark = v_mark_id, mark_cursor = v_last WHERE p.id = pl.id;
+            UPDATE alkblobs.pools p SET open_mark = v_mark_id, mark_cursor = v_last, audit_running = audit WHERE p.id = pl.id;
         END IF;
-        live := greatest(examined - pinned - candidates, 0);
+    ELSE
+        -- Nothing to mark: a 'queue' pool between audits (or mark => false).
+        mark_done := v_mark;
     END IF;
+    live := greatest(examined - pinned - candidates, 0);
     v_mark_end := coalesce(v_mark_end, clock_timestamp());
 
     -- 3. Execute kv/lo rows due by v_mark_end: mark by mark (so rows of a
@@ -319,11 +343,12 @@ BEGIN
     ELSE
         INSERT INTO alkblobs.sweeps (pool, role, application_name, scheduled, dry_run, started, finished,
                                      examined, live, pinned, staged, executed, deleted, kept, bytes_freed,
-                                     pins_reaped, remaining, local_due, skipped, uploads_reaped, mark_done, aborted)
+                                     pins_reaped, remaining, local_due, skipped, uploads_reaped, mark_done, aborted,
+                                     reviewed, audit, missed)
         VALUES (p, session_user, nullif(current_setting('application_name', true), ''), is_scheduled, is_dry,
                 t0, clock_timestamp(), r.examined, r.live, r.pinned, r.staged, r.executed, r.deleted, r.kept,
                 r.bytes_freed, r.pins_reaped, r.remaining, r.local_due, r.skipped, r.uploads_reaped, r.mark_done,
-                r.aborted);
+                r.aborted, r.reviewed, r.audit, r.missed);
         IF NOT is_dry AND r.aborted IS NULL THEN
             INSERT INTO alkblobs.sweep_state AS st (pool, last_completed) VALUES (p, clock_timestamp())
             ON CONFLICT (pool) DO UPDATE SET last_completed = excluded.last_completed;
@@ -348,7 +373,7 @@ RETURNS TABLE (
     examined bigint, live bigint, pinned bigint, staged bigint, executed bigint,
     deleted bigint, kept bigint, bytes_freed bigint, pins_reaped bigint, remaining bigint,
     local_due bigint, skipped bigint, uploads_reaped bigint, mark_done boolean,
-    aborted text, duration interval)
+    aborted text, duration interval, reviewed bigint, audit text, missed bigint)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -360,7 +385,7 @@ BEGIN
     PERFORM alkblobs.record_sweep((SELECT p.id FROM alkblobs.pools p WHERE p.name = $1), t0, false, $2, r, NULL);
     RETURN QUERY SELECT r.examined, r.live, r.pinned, r.staged, r.executed, r.deleted, r.kept, r.bytes_freed,
                         r.pins_reaped, r.remaining, r.local_due, r.skipped, r.uploads_reaped, r.mark_done,
-                        r.aborted, r.duration;
+                        r.aborted, r.duration, r.reviewed, r.audit, r.missed;
 END $$;
 
 -- A fleet client's sweep lease on a pool: `holder` (the caller's
@@ -472,7 +497,9 @@ BEGIN
         total_deleted := total_deleted OPERATOR(pg_catalog.+) r.deleted;
         marking := marking AND NOT r.mark_done;
         COMMIT;
-        EXIT WHEN NOT marking AND (r.remaining OPERATOR(pg_catalog.=) 0 OR r.executed OPERATOR(pg_catalog.=) 0);
+        -- (A full batch of the review queue: more of it may be due.)
+        EXIT WHEN NOT marking AND r.reviewed OPERATOR(pg_catalog.<) 20000
+              AND (r.remaining OPERATOR(pg_catalog.=) 0 OR r.executed OPERATOR(pg_catalog.=) 0);
     END LOOP;
     RAISE NOTICE 'pool "%": % call(s), % entries deleted', $1, calls, total_deleted;
 END $$;

@@ -99,6 +99,9 @@ BEGIN
     END IF;
     IF marking AND NOT r.mark_done THEN
         RETURN true;
+    ELSIF r.reviewed >= 20000 THEN
+        -- A full batch of the review queue: more may be due.
+        RETURN false;
     ELSIF r.remaining > 0 AND r.executed > 0 THEN
         RETURN false;
     END IF;

@@ -28,7 +28,9 @@ END $$;
 -- sweep attempt failed or aborted (a skip for a busy sweeper lock is not a
 -- failure), or something a sweep should have removed is older than
 -- warn_after: staged rows due that long ago, pins expired that long ago,
--- uploads abandoned that long ago. Defaults: a scheduled pool warns after
+-- uploads abandoned that long ago, review-queue rows due that long ago;
+-- or when an audit found keys the review queue missed (the sweep
+-- history's `missed`, kept for history_keep). Defaults: a scheduled pool warns after
 -- max(3 × sweep_every, 5 min) and is critical after
 -- max(10 × sweep_every, 30 min); a manual pool after 1 and 7 days.
 -- Single-instance pools are swept by their owner instance, outside the
@@ -54,6 +56,8 @@ DECLARE
     age interval;
     old_uploads bigint;
     since timestamptz;
+    n bigint;
+    missed_at timestamptz;
 BEGIN
     FOR pl IN SELECT * FROM alkblobs.pools x WHERE alkblobs.may(x, 'read') ORDER BY x.name LOOP
         pool := pl.name;
@@ -132,6 +136,22 @@ BEGIN
         END IF;
         IF old_uploads > 0 THEN
             why := why || format('%s uploads abandoned for longer than %s', old_uploads, warn_after);
+        END IF;
+        IF pl.collector = 'queue' AND pl.mode = 'fleet' THEN
+            -- The review queue falling behind, and audits that found what
+            -- it missed (a scheduled or requested audit finds nothing while
+            -- every event is queued: each key it finds is a bug to report).
+            SELECT count(*) INTO n FROM (
+                SELECT 1 FROM alkblobs.review_queue q WHERE q.pool = pl.id AND q.review_after + warn_after <= now_ts
+                 LIMIT 100000) x;
+            IF n > 0 THEN
+                why := why || format('%s review-queue rows due for longer than %s', n, warn_after);
+            END IF;
+            SELECT coalesce(sum(s.missed), 0), max(s.started) INTO n, missed_at FROM alkblobs.sweeps s
+             WHERE s.pool = pl.id AND s.missed > 0 AND s.audit IN ('scheduled', 'requested');
+            IF n > 0 THEN
+                why := why || format('audits found %s keys the review queue missed (the last at %s): please report it; each was staged and is collected as usual', n, missed_at);
+            END IF;
         END IF;
         IF status = 'ok' AND cardinality(why) > 0 THEN
             status := 'warn';

@@ -46,6 +46,13 @@
 -- * the 0.3.0 -> 0.4.0 migration of local-tier registrations (record the
 --   files their rows name) runs here, once, for any not yet swept since,
 --   and no longer in every sweep.
+-- * a fleet pool's sweeps review a queue of the keys events may have left
+--   unprotected instead of marking the whole pool (pools.collector
+--   'queue'; 'mark' keeps the old collector), with the full mark as an
+--   audit (audit_every, alkblobs_audit); every existing pool starts with
+--   one audit, as its queue starts empty; registered tables get a guard
+--   that also sees deletions (and a TRUNCATE trigger) when they are
+--   registered again, which a 'queue' pool's sweep asks for.
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool
@@ -149,3 +156,34 @@ CREATE TABLE alkblobs.file_fences (
 REVOKE ALL ON alkblobs.file_fences FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.file_fences', '');
 DROP FUNCTION @extschema@.alkblobs_pin_new(text, bytea, text);
+
+-- The review queue: a fleet pool's sweeps review the keys events queued
+-- (pools.collector), and run the full mark as an audit. An existing pool's
+-- queue starts empty, so its first sweep audits it (and says why).
+ALTER TABLE alkblobs.pools
+    ADD COLUMN collector text NOT NULL DEFAULT 'queue' CONSTRAINT collector_known CHECK (collector IN ('queue', 'mark')),
+    ADD COLUMN audit_every interval CONSTRAINT audit_every_positive CHECK (audit_every > interval '0'),
+    ADD COLUMN audit_running text,
+    ADD COLUMN last_audit timestamptz;
+CREATE TABLE alkblobs.review_queue (
+    pool         integer NOT NULL,
+    key          bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    review_after timestamptz NOT NULL,
+    PRIMARY KEY (pool, key)
+);
+CREATE INDEX review_queue_due ON alkblobs.review_queue (pool, review_after);
+REVOKE ALL ON alkblobs.review_queue FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
+CREATE TABLE alkblobs.audit_requests (
+    pool         integer PRIMARY KEY,
+    reason       text NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+REVOKE ALL ON alkblobs.audit_requests FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests', '');
+INSERT INTO alkblobs.audit_requests (pool, reason)
+SELECT p.id, 'the upgrade to 0.8.0 (the review queue starts empty)' FROM alkblobs.pools p WHERE p.mode = 'fleet';
+ALTER TABLE alkblobs.sweeps ADD COLUMN reviewed bigint, ADD COLUMN audit text, ADD COLUMN missed bigint;
+DROP FUNCTION @extschema@.alkblobs_alter_pool(text, interval, interval, bigint, interval, interval, interval, interval);
+DROP FUNCTION @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer);
+DROP FUNCTION alkblobs.sweep_core(text, boolean, integer, boolean, integer);

@@ -225,6 +225,14 @@ pub struct SweepReport {
     /// Due rows left for the next sweep (fleet sweeps stop after a bounded
     /// number of calls' worth of work).
     pub remaining: u64,
+    /// Review-queue rows reviewed (fleet pools with the `queue` collector).
+    pub reviewed: u64,
+    /// Why this sweep ran (a slice of) an audit, the full mark of a
+    /// `queue` pool; `None` when it ran none.
+    pub audit: Option<String>,
+    /// Keys the audit staged that no queue row, staged row or pin accounted
+    /// for: events the review queue missed (a bug to report).
+    pub missed: u64,
     /// Wall time of the sweep.
     #[serde(serialize_with = "secs")]
     pub duration: Duration,

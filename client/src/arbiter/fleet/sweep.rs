@@ -46,7 +46,8 @@ impl FleetArbiter {
                     &s.pg,
                     None,
                     "SELECT examined, live, pinned, staged, executed, deleted, kept, bytes_freed, \
-                     pins_reaped, remaining, local_due, skipped, uploads_reaped, mark_done, aborted \
+                     pins_reaped, remaining, local_due, skipped, uploads_reaped, mark_done, aborted, \
+                     reviewed, audit, missed \
                      FROM alkblobs_sweep($1, $2, 1000, $3, $4)",
                     &[
                         (&s.info.name, Type::TEXT),
@@ -78,6 +79,12 @@ impl FleetArbiter {
             report.uploads_reclaimed += n(12);
             let local_due = n(10);
             let mark_done: bool = r.get(13);
+            let reviewed = n(15);
+            report.reviewed += reviewed;
+            if let Some(why) = r.get::<_, Option<String>>(16) {
+                report.audit = Some(why);
+                report.missed += r.get::<_, Option<i64>>(17).unwrap_or(0).max(0) as u64;
+            }
             opts.report_progress(&SweepProgress {
                 phase: if marking {
                     SweepPhase::Mark
@@ -97,7 +104,8 @@ impl FleetArbiter {
             if opts.dry_run {
                 break;
             }
-            if !marking && (report.remaining == 0 || n(4) == 0) {
+            // (A full batch of the review queue: more of it may be due.)
+            if !marking && reviewed < SWEEP_KEYS as u64 && (report.remaining == 0 || n(4) == 0) {
                 if self.shared_tier() && pool.large().is_none() {
                     // A kv-only node does not see the shared files: their
                     // due rows wait for a node that does (said, not hidden).

@@ -1,0 +1,280 @@
+-- alkblobs SQL API, 85-review.sql: The review queue and the audit.
+-- (sql/api/*.sql load in file-name order after bootstrap.sql and the Rust
+-- functions; docs/design.md, "Layout". The rules of the whole API are in 10-helpers.sql's header.)
+
+-- The review queue ---------------------------------------------------------------
+
+-- A 'queue' pool's sweep reviews only the keys an event may have left
+-- unprotected, so its cost follows churn and not the pool's size. Every
+-- such event queues its key in the event's own transaction:
+--   * a pin row deleted (released, released in bulk, reaped when expired):
+--     the trigger queue_released on alkblobs.pins;
+--   * an entry or a file record inserted (a put; pin_new; a claim's
+--     tombstone of a file nobody recorded): queue_recorded on
+--     alkblobs.entries and alkblobs.files;
+--   * a liveness row deleted, or updated to another key: the guard
+--     (alkblobs_registration.liveness_guard, AFTER … OR DELETE).
+-- Events that cannot be told key by key ask for an audit instead (the full
+-- mark: alkblobs.request_audit): a registered table truncated, dropped,
+-- unregistered or altered, a restore, the upgrade to 0.8.0.
+--
+-- A queued key is due at once (review_after is the time of its first
+-- event not yet reviewed); the sweep reviews due rows oldest first and
+-- stages the keys nothing protects into a mark sealed at the review, so
+-- the executor deletes them a delete window after the review, after its
+-- usual re-check under FOR UPDATE: the window runs from the review, as it
+-- runs from the end of a mark. The queue decides only what gets reviewed;
+-- what gets deleted is decided where it always was. A missed event leaks
+-- content until the next audit and deletes nothing.
+
+-- Queues `k` for review in every 'queue' pool registered table `rel` (or a
+-- table it is a partition of) feeds: the guard's half of the queue.
+CREATE FUNCTION alkblobs.queue_unreferenced(rel oid, k bytea) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF k IS NULL OR length(k) <> 32 THEN
+        RETURN;
+    END IF;
+    -- ON CONFLICT … DO UPDATE … WHERE false: no new row version, but the
+    -- row is locked, so a review deciding this key right now finishes
+    -- first, and its delete of the row makes this insert again.
+    INSERT INTO alkblobs.review_queue AS q (pool, key, review_after)
+    SELECT DISTINCT l.pool, k, clock_timestamp()
+      FROM alkblobs.liveness l JOIN alkblobs.pools p ON p.id = l.pool
+     WHERE (l.relid = rel OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(rel) a))
+       AND p.collector = 'queue' AND p.mode = 'fleet'
+     ORDER BY l.pool
+    ON CONFLICT ON CONSTRAINT review_queue_pkey DO UPDATE SET review_after = q.review_after WHERE false;
+END $$;
+
+-- The statement triggers on the extension's own tables: every row of the
+-- transition table `changed` (pins deleted, entries or files inserted) of
+-- a 'queue' pool queues its key. SECURITY DEFINER: whoever deleted the pin
+-- (a superuser by hand too) queues it.
+CREATE FUNCTION alkblobs.queue_changed() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO alkblobs.review_queue AS q (pool, key, review_after)
+    SELECT DISTINCT c.pool, c.key, clock_timestamp()
+      FROM changed c JOIN alkblobs.pools p ON p.id = c.pool
+     WHERE p.collector = 'queue' AND p.mode = 'fleet'
+     ORDER BY c.pool, c.key
+    ON CONFLICT ON CONSTRAINT review_queue_pkey DO UPDATE SET review_after = q.review_after WHERE false;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER queue_released AFTER DELETE ON alkblobs.pins
+    REFERENCING OLD TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.queue_changed();
+CREATE OR REPLACE TRIGGER queue_recorded AFTER INSERT ON alkblobs.entries
+    REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.queue_changed();
+CREATE OR REPLACE TRIGGER queue_recorded AFTER INSERT ON alkblobs.files
+    REFERENCING NEW TABLE AS changed
+    FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.queue_changed();
+-- Also under session_replication_role = replica (a logical replica applying
+-- changes, or a restore run that way).
+ALTER TABLE alkblobs.pins ENABLE ALWAYS TRIGGER queue_released;
+ALTER TABLE alkblobs.entries ENABLE ALWAYS TRIGGER queue_recorded;
+ALTER TABLE alkblobs.files ENABLE ALWAYS TRIGGER queue_recorded;
+
+-- Asks for an audit of pool p (a 'queue' fleet pool; others ignore it),
+-- saying why: the next sweep call starts one once the audit under way (if
+-- any) is done. The first reason asked stands until that audit starts.
+-- An insert, never an update of the pool's row: a TRUNCATE or DROP in a
+-- long transaction holds this row lock, and no sweep ever waits for it.
+CREATE FUNCTION alkblobs.request_audit(p integer, why text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO alkblobs.audit_requests (pool, reason)
+    SELECT x.id, why FROM alkblobs.pools x WHERE x.id = p AND x.collector = 'queue' AND x.mode = 'fleet'
+    ON CONFLICT ON CONSTRAINT audit_requests_pkey DO NOTHING;
+END $$;
+
+-- The keys of `ks` (with their tiers, in key order) that no unexpired pin
+-- and no liveness row protects now and that no mark has staged yet are
+-- staged under mark `mark_id` (counted only, on a dry run). Shared by the
+-- mark's slices and the queue's reviews. `missed` (counted when asked): of
+-- those, the ones no queue row and no pin row (expired or not) accounts
+-- for — on an audit, the events the queue missed.
+CREATE FUNCTION alkblobs.stage_unprotected(
+    p integer, ks bytea[], tiers text[], mark_id bigint, dry boolean, live_sql text, count_missed boolean,
+    OUT pinned bigint, OUT candidates bigint, OUT staged bigint, OUT missed bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    EXECUTE format($q$
+        WITH slice AS MATERIALIZED (
+            SELECT u.key, u.tier FROM unnest($4::bytea[], $5::text[]) u(key, tier)),
+        -- Pins and staged rows of the slice by `key = ANY(array)`: an
+        -- index lookup whatever the (often stale) row estimates of a
+        -- freshly filled pool, never a per-row range scan.
+        held AS MATERIALIZED (
+            SELECT DISTINCT pn.key FROM alkblobs.pins pn
+             WHERE pn.pool = $1 AND pn.key = ANY ($4) AND pn.expires_at > $2),
+        already AS MATERIALIZED (
+            SELECT s.key FROM alkblobs.staged s
+             WHERE s.pool = $1 AND s.key = ANY ($4)),
+        cand AS MATERIALIZED (
+            SELECT c.key, c.tier FROM slice c
+             WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.key = c.key)
+               AND NOT (%s)),
+        fresh AS MATERIALIZED (
+            SELECT cand.key, cand.tier FROM cand
+             WHERE NOT EXISTS (SELECT 1 FROM already a WHERE a.key = cand.key)),
+        ins AS (
+            INSERT INTO alkblobs.staged (pool, key, tier, mark)
+            SELECT $1, fresh.key, fresh.tier, $3 FROM fresh WHERE NOT $6
+            ON CONFLICT (pool, key) DO NOTHING
+            RETURNING 1)
+        SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM cand),
+               CASE WHEN $6 THEN (SELECT count(*) FROM fresh) ELSE (SELECT count(*) FROM ins) END,
+               CASE WHEN $7 THEN (
+                   SELECT count(*) FROM fresh f
+                    WHERE NOT EXISTS (SELECT 1 FROM alkblobs.review_queue q WHERE q.pool = $1 AND q.key = f.key)
+                      AND NOT EXISTS (SELECT 1 FROM alkblobs.pins pn WHERE pn.pool = $1 AND pn.key = f.key)) END$q$,
+        live_sql)
+      INTO pinned, candidates, staged, missed
+      USING p, clock_timestamp(), mark_id, ks, tiers, dry, count_missed;
+END $$;
+
+-- A sweep call's review (the caller holds the pool's sweeper lock and has
+-- validated its liveness tables): at most `max_keys` due rows of the
+-- pool's queue, oldest first, each locked (a row an event is queueing
+-- right now is passed over, and reviewed by the next call). The keys the
+-- pool still holds (an entry, or a file that is no tombstone) and nothing
+-- protects are staged under a mark sealed now; the rows are deleted
+-- (kept, and nothing staged, on a dry run).
+CREATE FUNCTION alkblobs.review(
+    pl alkblobs.pools, max_keys integer, dry boolean, live_sql text,
+    OUT reviewed bigint, OUT examined bigint, OUT pinned bigint, OUT candidates bigint, OUT staged bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    batch bytea[];
+    ks bytea[];
+    tiers text[];
+    mark_id bigint;
+    st record;
+BEGIN
+    reviewed := 0; examined := 0; pinned := 0; candidates := 0; staged := 0;
+    SELECT coalesce(array_agg(x.key ORDER BY x.key), '{}') INTO batch FROM (
+        SELECT q.key FROM alkblobs.review_queue q
+         WHERE q.pool = pl.id AND q.review_after <= clock_timestamp()
+         ORDER BY q.review_after LIMIT max_keys
+           FOR UPDATE SKIP LOCKED) x;
+    reviewed := cardinality(batch);
+    IF reviewed = 0 THEN
+        RETURN;
+    END IF;
+    -- (A key that is both an entry and a file, after a threshold change, is
+    -- one candidate: its entry, as in the mark.)
+    SELECT array_agg(s.key ORDER BY s.key), array_agg(s.tier ORDER BY s.key) INTO ks, tiers FROM (
+        SELECT u.key, min(u.tier) AS tier FROM (
+            SELECT e.key, e.tier FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = ANY(batch)
+            UNION ALL
+            SELECT f.key, 'local' FROM alkblobs.files f
+             WHERE f.pool = pl.id AND f.key = ANY(batch) AND f.deleting_since IS NULL) u
+         GROUP BY u.key) s;
+    IF ks IS NOT NULL THEN
+        examined := cardinality(ks);
+        IF NOT dry THEN
+            INSERT INTO alkblobs.marks (pool, delete_window, mark_end)
+            VALUES (pl.id, pl.delete_window, clock_timestamp()) RETURNING id INTO mark_id;
+        END IF;
+        SELECT * INTO st FROM alkblobs.stage_unprotected(pl.id, ks, tiers, mark_id, dry, live_sql, false);
+        pinned := st.pinned;
+        candidates := st.candidates;
+        staged := st.staged;
+    END IF;
+    IF NOT dry THEN
+        DELETE FROM alkblobs.review_queue q WHERE q.pool = pl.id AND q.key = ANY(batch);
+    END IF;
+END $$;
+
+-- The audit ------------------------------------------------------------------------
+
+-- Asks for an audit of a pool now (sweep access): the next sweep call
+-- starts one. Returns the pool's collector: a 'mark' pool marks in every
+-- sweep, so there is nothing to ask for.
+CREATE FUNCTION @extschema@.alkblobs_request_audit(pool text) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_request_audit');
+    PERFORM alkblobs.request_audit(pl.id, 'requested');
+    RETURN pl.collector;
+END $$;
+
+-- An audit of a pool on demand: asks for one, then runs sweep calls until
+-- it has marked the whole pool, committing between calls so that every
+-- transaction stays bounded (like alkblobs_sweep_all; use with CALL
+-- outside a transaction block). The calls also review the queue and
+-- execute what is due, as any sweep does. Says how many keys the audit
+-- staged and how many of those the queue had missed (each such key is an
+-- event the queue should have seen: a bug to report). On a 'mark' pool,
+-- one full mark (every sweep marks there). The same rules as
+-- alkblobs_sweep_all: not SECURITY DEFINER, no SET clause, every operator
+-- schema-qualified.
+CREATE PROCEDURE @extschema@.alkblobs_audit(pool text, max_unlinks integer DEFAULT 1000)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    collector text;
+    calls integer := 0;
+    staged bigint := 0;
+    missed bigint := 0;
+BEGIN
+    IF $1 IS NULL OR $2 IS NULL THEN
+        RAISE EXCEPTION 'pool and max_unlinks must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    collector := @extschema@.alkblobs_request_audit($1);
+    COMMIT;
+    LOOP
+        SELECT * INTO r FROM @extschema@.alkblobs_sweep($1, false, $2, true);
+        calls := calls OPERATOR(pg_catalog.+) 1;
+        IF r.aborted IS NOT NULL THEN
+            RAISE NOTICE 'audit of pool "%" stopped: the sweep aborted (%)', $1, r.aborted;
+            COMMIT;
+            RETURN;
+        END IF;
+        IF r.audit IS NOT NULL OR collector OPERATOR(pg_catalog.=) 'mark' THEN
+            staged := staged OPERATOR(pg_catalog.+) r.staged;
+            missed := missed OPERATOR(pg_catalog.+) coalesce(r.missed, 0);
+        END IF;
+        COMMIT;
+        -- Done once the requested audit sealed its mark (or another sweep
+        -- finished it meanwhile: no audit under way); an audit that was
+        -- under way for another reason is followed by the requested one.
+        EXIT WHEN r.mark_done AND (r.audit IS NULL OR r.audit OPERATOR(pg_catalog.=) 'requested');
+    END LOOP;
+    RAISE NOTICE 'pool "%": audit done in % call(s): % keys staged, % of them missed by the review queue', $1, calls, staged, missed;
+END $$;
+
+-- Registrations from before 0.8.0 (an upgrade): their guards fire on
+-- INSERT OR UPDATE only, and their tables have no TRUNCATE trigger, so the
+-- installing role (the extension's owner, a superuser on most servers)
+-- installs both now. A table it may not alter keeps its old guard, and
+-- its pools keep the old collector until it is registered again.
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT DISTINCT l.relid FROM alkblobs.liveness l
+               JOIN pg_catalog.pg_class c ON c.oid = l.relid
+              WHERE alkblobs.queue_problem(l.relid) IS NOT NULL
+              ORDER BY l.relid LOOP
+        BEGIN
+            PERFORM alkblobs_registration.install_guard(r.relid::pg_catalog.regclass);
+        EXCEPTION WHEN insufficient_privilege OR lock_not_available THEN
+            UPDATE alkblobs.pools p SET collector = 'mark'
+             WHERE p.id IN (SELECT l.pool FROM alkblobs.liveness l WHERE l.relid = r.relid);
+            RAISE WARNING 'alkblobs: liveness table % keeps its old guard (%); its pools keep the full-mark collector until its owner registers it again', r.relid::pg_catalog.regclass, SQLERRM;
+        END;
+    END LOOP;
+END $$;
