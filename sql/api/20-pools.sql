@@ -163,17 +163,22 @@ CREATE FUNCTION @extschema@.alkblobs_create_pool(
     warn_after interval DEFAULT NULL,
     critical_after interval DEFAULT NULL,
     large_location text DEFAULT NULL,
-    collector text DEFAULT 'queue',
+    collector text DEFAULT NULL,
     audit_every interval DEFAULT '1 day')
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_collector text;
 BEGIN
-    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL OR $8 IS NULL OR $12 IS NULL THEN
-        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes, single_instance, history_keep and collector must not be NULL'
+    IF $1 IS NULL OR $2 IS NULL OR $3 IS NULL OR $4 IS NULL OR $5 IS NULL OR $6 IS NULL OR $8 IS NULL THEN
+        RAISE EXCEPTION 'pool, delete_window, pin_ttl, large_tier, max_object_bytes, single_instance and history_keep must not be NULL'
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    PERFORM alkblobs.check_collector($12, $13);
+    -- NULL: the database's default (ALTER DATABASE … SET
+    -- alkblobs.default_collector = 'mark'), else 'queue'.
+    v_collector := coalesce($12, nullif(pg_catalog.current_setting('alkblobs.default_collector', true), ''), 'queue');
+    PERFORM alkblobs.check_collector(v_collector, $13);
     PERFORM alkblobs.check_max_object($5);
     IF $1 !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$' THEN
         RAISE EXCEPTION 'invalid pool name %: use 1 to 63 letters, digits, "_", ".", ":" or "-", starting with a letter or digit', quote_literal($1)
@@ -219,7 +224,7 @@ BEGIN
                                 large_location, collector, audit_every)
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'),
-            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time(), $11, $12, nullif($13, interval '0'));
+            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time(), $11, v_collector, nullif($13, interval '0'));
     INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));

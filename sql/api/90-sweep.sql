@@ -197,7 +197,10 @@ BEGIN
         IF ks IS NOT NULL THEN
             v_last := ks[cardinality(ks)];
             examined := examined + cardinality(ks);
-            SELECT * INTO st FROM alkblobs.stage_unprotected(pl.id, ks, tiers, v_mark_id, v_dry, live_sql, pl.collector = 'queue');
+            -- What the queue missed counts on audits no event asked for:
+            -- an event's audit exists to find keys nothing queued.
+            SELECT * INTO st FROM alkblobs.stage_unprotected(pl.id, ks, tiers, v_mark_id, v_dry, live_sql,
+                                                              coalesce(audit IN ('scheduled', 'requested'), false));
             pinned := pinned + st.pinned;
             candidates := candidates + st.candidates;
             staged := staged + st.staged;

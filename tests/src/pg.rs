@@ -423,3 +423,30 @@ where
     }
     panic!("still failing 10 s after the restart");
 }
+
+/// `CALL alkblobs_audit(pool)` (the full mark, bounded calls), then the
+/// number of keys that audit's slices staged which no queue row, staged
+/// row or pin accounted for: events the review queue missed. The race
+/// suites assert 0 after their races (on a 'mark' pool, every sweep
+/// marks, and nothing is ever counted).
+pub async fn audit_missed(c: &Client, pool: &str) -> i64 {
+    let last: i64 = c
+        .query_one(
+            "SELECT coalesce(max(id), 0) FROM alkblobs_sweeps WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .expect("alkblobs_sweeps")
+        .get(0);
+    c.batch_execute(&format!("CALL alkblobs_audit('{pool}')"))
+        .await
+        .unwrap_or_else(|e| panic!("CALL alkblobs_audit('{pool}'): {e:?}"));
+    c.query_one(
+        "SELECT coalesce(sum(missed), 0)::bigint FROM alkblobs_sweeps
+          WHERE pool = $1 AND id > $2 AND audit IS NOT NULL",
+        &[&pool, &last],
+    )
+    .await
+    .expect("alkblobs_sweeps")
+    .get(0)
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::{Key, PutOutcome, Store, SweepOptions};
-use alkblobs_tests::pg::{connect, pool_with, reference, register, table_name, url};
+use alkblobs_tests::pg::{audit_missed, connect, pool_with, reference, register, table_name, url};
 
 /// A fleet pool (`pg-lo`, window `window`, pin TTL `ttl`) with a registered
 /// liveness table `<pool>_refs (key bytea)`: the pool and the table.
@@ -26,6 +26,17 @@ async fn pool(tag: &str, window: &str, ttl: &str) -> (String, String) {
         .unwrap();
     register(&c, &pool, &table).await;
     (pool, table)
+}
+
+/// After the race: an audit of the pool (the full mark) finds no key the
+/// review queue missed — every event that left a key unprotected queued it.
+async fn audited(pool: &str) {
+    let c = connect().await;
+    assert_eq!(
+        audit_missed(&c, pool).await,
+        0,
+        "keys the review queue missed"
+    );
 }
 
 async fn open(pool: &str) -> Store {
@@ -82,6 +93,7 @@ async fn nix_15992_a_pin_taken_after_the_mark_before_the_delete_is_honoured() {
         "a pinned key was deleted"
     );
     drop(held);
+    audited(&pool).await;
 }
 
 /// Nix #6757 (paths built while the collector was deleting were deleted
@@ -117,6 +129,7 @@ async fn nix_6757_a_key_put_again_while_deletion_runs_is_kept() {
         same(a.get(&only_row).await.unwrap(), only_row),
         "the key a row names was deleted"
     );
+    audited(&pool).await;
 }
 
 /// iroh-blobs #247 (protection moved from the source the collector had not
@@ -142,6 +155,7 @@ async fn iroh_blobs_247_protection_handed_from_a_pin_to_a_row_mid_sweep_is_kept(
         same(a.get(&k).await.unwrap(), k),
         "the referenced key was deleted"
     );
+    audited(&pool).await;
 }
 
 /// rustic / restic (a prune deciding "unused" from a snapshot of
@@ -166,6 +180,7 @@ async fn rustic_a_dedup_put_of_a_staged_key_on_another_instance_is_kept() {
         same(a.get(&k).await.unwrap(), k),
         "the re-used key was deleted"
     );
+    audited(&pool).await;
 }
 
 /// Gitaly (`git prune` without an expiry deleted objects a push had written
@@ -196,6 +211,7 @@ async fn gitaly_content_written_before_its_reference_is_kept() {
         Err("AB002".into()),
         "a row naming a collected key was accepted"
     );
+    audited(&pool).await;
 }
 
 /// kubo #6252 (blocks added after the collector's first pause were not
@@ -235,6 +251,7 @@ async fn kubo_6252_pins_taken_while_sweeps_run_are_all_renewed() {
         assert!(same(w.get(&p.key).await.unwrap(), p.key), "lost {}", p.key);
     }
     assert!(held.len() > 20, "the writer barely ran: {}", held.len());
+    audited(&pool).await;
 }
 
 /// moby #53321 (a prune deleted every lease with its label, those of pulls
@@ -258,6 +275,7 @@ async fn moby_53321_a_renewed_pin_is_never_reaped() {
         "the holder lost its pin"
     );
     assert!(same(sweeper.get(&p.key).await.unwrap(), p.key));
+    audited(&pool).await;
 }
 
 /// iroh-blobs #235 (a download in progress, its entry not yet tagged, was
@@ -304,4 +322,5 @@ async fn iroh_blobs_235_a_slow_streaming_put_spanning_sweeps_is_kept() {
         "the streamed key is not whole"
     );
     drop(put);
+    audited(&pool).await;
 }

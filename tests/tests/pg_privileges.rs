@@ -204,6 +204,7 @@ async fn a_registered_tables_owner_cannot_become_superuser() {
     e.batch_execute(&format!(
         "ALTER TABLE {table} ALTER COLUMN key TYPE bytea USING (key).b;
          DROP TRIGGER IF EXISTS alkblobs_liveness_guard ON {t2};
+         DROP TRIGGER IF EXISTS alkblobs_liveness_truncate ON {t2};
          ALTER TABLE {t2} DROP CONSTRAINT {t2}_pkey;"
     ))
     .await
@@ -619,6 +620,7 @@ async fn every_routine_but_the_committing_procedures_pins_its_search_path() {
     assert_eq!(
         unpinned,
         vec![
+            "alkblobs_audit(text,integer)".to_owned(),
             "alkblobs_cron_sweep(text)".to_owned(),
             "alkblobs_sweep_all(text,integer)".to_owned()
         ],
@@ -723,9 +725,14 @@ async fn a_schema_before_pg_catalog_cannot_redirect_any_routine() {
     let calls = [
         format!("CALL alkblobs_sweep_all('{pool}')"),
         format!("CALL alkblobs_sweep_all('{pool}', 5)"),
+        format!("CALL alkblobs_audit('{pool}')"),
         format!("SELECT * FROM alkblobs_sweep('{pool}')"),
         format!("SELECT * FROM alkblobs_sweep('{pool}', dry_run => true)"),
         format!("SELECT alkblobs_register_liveness('{pool}', '{table}')"),
+        format!("INSERT INTO {table} VALUES (alkblobs_key('planted pinned'))"),
+        format!("DELETE FROM {table}"),
+        format!("INSERT INTO {table} VALUES (alkblobs_key('planted pinned'))"),
+        format!("TRUNCATE {table}"),
         format!("INSERT INTO {table} VALUES (alkblobs_key('planted pinned'))"),
         format!("SELECT * FROM alkblobs_explain('{pool}', '\\x{}')", hex(&k)),
         format!("SELECT alkblobs_put('{pool}', alkblobs_key('p2'), 'p2', 'o')"),
@@ -738,6 +745,11 @@ async fn a_schema_before_pg_catalog_cannot_redirect_any_routine() {
         format!("SELECT alkblobs_renew('{pool}', 'o')"),
         format!("SELECT alkblobs_unpin('{pool}', alkblobs_key('p2'), 'o')"),
         format!("SELECT alkblobs_alter_pool('{pool}', delete_window => '0')"),
+        format!("SELECT alkblobs_alter_pool('{pool}', collector => 'mark', audit_every => '0')"),
+        format!(
+            "SELECT alkblobs_alter_pool('{pool}', collector => 'queue', audit_every => '1 hour')"
+        ),
+        format!("SELECT alkblobs_request_audit('{pool}')"),
         format!("SELECT alkblobs_grant_pool('{pool}', '{admin}', 'read')"),
         format!("SELECT alkblobs_revoke_pool('{pool}', '{admin}', 'read')"),
         format!("SELECT alkblobs_unregister_liveness('{pool}', '{table}')"),

@@ -441,4 +441,11 @@ async fn randomized_processes_never_lose_protected_content() {
             .get(0);
         assert_eq!(key(&back), k, "a large object does not hash to its key");
     }
+    // ...and an audit (the full mark) finds nothing the review queue
+    // missed: every event that left a key unprotected queued it.
+    assert_eq!(
+        alkblobs_tests::pg::audit_missed(&setup, &pool).await,
+        0,
+        "keys the review queue missed"
+    );
 }

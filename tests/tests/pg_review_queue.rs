@@ -1,0 +1,567 @@
+//! The review queue ('queue' pools, the default since 0.8.0): every event
+//! that can leave a key unprotected queues it in its own transaction, a
+//! sweep reviews only the queue, and events that cannot be told key by key
+//! ask for an audit (the full mark). Each event has a test here that fails
+//! when its enqueue is removed (scripts/mutations/50-review-queue.py), and
+//! the queue's row locks are raced from two connections. Against the test
+//! server scripts/test.sh starts; never skipped.
+
+#![cfg(feature = "pg")]
+
+use std::time::Duration;
+
+use alkblobs_tests::pg::{
+    audit_missed, connect, ensure_extension, exists, garbage, key, pid, put, reference, register,
+    table_name, unique, unpin, waits_on_lock,
+};
+use tokio_postgres::Client;
+
+/// A fleet 'queue' pool (window 0, so a review's staging is executed by the
+/// same sweep call; pin TTL `ttl`) with no scheduled audit: whatever it
+/// collects, its queue found.
+async fn qpool(c: &Client, tag: &str, ttl: &str) -> String {
+    ensure_extension(c).await;
+    let name = unique(tag);
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', $2::text::interval, collector => 'queue', audit_every => '0')",
+        &[&name, &ttl],
+    )
+    .await
+    .expect("create a queue pool");
+    name
+}
+
+/// A pool with a registered liveness table `<pool>_refs (key bytea)`.
+async fn qpool_with_table(c: &Client, tag: &str) -> (String, String) {
+    let pool = qpool(c, tag, "60 seconds").await;
+    let table = table_name(&pool, "refs");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea)"))
+        .await
+        .unwrap();
+    register(c, &pool, &table).await;
+    (pool, table)
+}
+
+/// One sweep call: (reviewed, staged, deleted, audit, missed).
+async fn sweep(c: &Client, pool: &str) -> (i64, i64, i64, Option<String>, Option<i64>) {
+    let r = c
+        .query_one(
+            "SELECT reviewed, staged, deleted, audit, missed, aborted FROM alkblobs_sweep($1)",
+            &[&pool],
+        )
+        .await
+        .expect("alkblobs_sweep");
+    let aborted: Option<String> = r.get(5);
+    assert_eq!(aborted, None, "the sweep aborted");
+    (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
+}
+
+/// Whether `k` has a row in `pool`'s review queue.
+async fn queued(c: &Client, pool: &str, k: &[u8]) -> bool {
+    c.query_one(
+        "SELECT EXISTS (SELECT 1 FROM alkblobs.review_queue q JOIN alkblobs.pools p ON p.id = q.pool
+                         WHERE p.name = $1 AND q.key = $2)",
+        &[&pool, &k],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// The reason of the audit `pool` has pending or under way, if any.
+async fn audit_pending(c: &Client, pool: &str) -> Option<String> {
+    c.query_one(
+        "SELECT audit_pending FROM alkblobs_pools WHERE pool = $1",
+        &[&pool],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Releasing a pin — one, several, or every pin of an owner — queues the
+/// key, and the next sweep collects it; while any pin holds it, a review
+/// keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_pins_queue_their_keys() {
+    let c = connect().await;
+    let pool = qpool(&c, "q-unpin", "60 seconds").await;
+    let (a, b, d) = (
+        b"q-unpin a".as_slice(),
+        b"q-unpin b".as_slice(),
+        b"q-unpin d".as_slice(),
+    );
+    for v in [a, b, d] {
+        put(&c, &pool, v, "o").await;
+    }
+    // Reviewed (the puts queued them) and kept: pinned.
+    let (reviewed, staged, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!((reviewed, staged, deleted), (3, 0, 0));
+    assert!(!queued(&c, &pool, &key(a)).await, "a reviewed row stays");
+    unpin(&c, &pool, a, "o").await;
+    c.execute(
+        "SELECT alkblobs_unpin_many($1, 'o', ARRAY[$2::bytea])",
+        &[&pool, &key(b)],
+    )
+    .await
+    .unwrap();
+    for v in [a, b] {
+        assert!(
+            queued(&c, &pool, &key(v)).await,
+            "a released pin did not queue its key"
+        );
+    }
+    let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!((reviewed, deleted), (2, 2));
+    assert!(!exists(&c, &pool, &key(a)).await && !exists(&c, &pool, &key(b)).await);
+    assert!(exists(&c, &pool, &key(d)).await);
+    c.execute("SELECT alkblobs_unpin_all($1, 'o')", &[&pool])
+        .await
+        .unwrap();
+    assert!(queued(&c, &pool, &key(d)).await);
+    let (_, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!(deleted, 1);
+}
+
+/// A pin that expires is reaped by the next sweep, which queues its key and
+/// reviews it in the same call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_pin_is_reaped_queued_and_collected() {
+    let c = connect().await;
+    let pool = qpool(&c, "q-expire", "1 second").await;
+    put(&c, &pool, b"q-expire", "o").await;
+    assert_eq!(sweep(&c, &pool).await.2, 0, "collected while pinned");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let r = c
+        .query_one(
+            "SELECT pins_reaped, reviewed, deleted FROM alkblobs_sweep($1)",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    let got: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+    assert_eq!(got, (1, 1, 1), "(pins reaped, reviewed, deleted)");
+}
+
+/// A liveness row deleted queues its key (the guard's DELETE branch), on a
+/// plain table and on a partition of a registered partitioned one; a key
+/// another row still names is reviewed and kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_liveness_row_queues_its_key() {
+    let c = connect().await;
+    let (pool, table) = qpool_with_table(&c, "q-delrow").await;
+    let parts = table_name(&pool, "parts");
+    c.batch_execute(&format!(
+        "CREATE TABLE {parts} (key bytea, n int) PARTITION BY RANGE (n);
+         CREATE TABLE {parts}_a PARTITION OF {parts} FOR VALUES FROM (0) TO (10);"
+    ))
+    .await
+    .unwrap();
+    register(&c, &pool, &parts).await;
+    let (a, b, both) = (
+        garbage(&c, &pool, b"q-delrow a").await,
+        garbage(&c, &pool, b"q-delrow b").await,
+        garbage(&c, &pool, b"q-delrow both").await,
+    );
+    reference(&c, &table, &a).await.unwrap();
+    reference(&c, &table, &both).await.unwrap();
+    c.execute(
+        &format!("INSERT INTO {parts} VALUES ($1, 1), ($2, 2)"),
+        &[&b, &both],
+    )
+    .await
+    .unwrap();
+    let (_, staged, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!((staged, deleted), (0, 0), "referenced keys were staged");
+    c.execute(&format!("DELETE FROM {table}"), &[])
+        .await
+        .unwrap();
+    c.execute(&format!("DELETE FROM {parts}_a WHERE n = 1"), &[])
+        .await
+        .unwrap();
+    for k in [&a, &b, &both] {
+        assert!(
+            queued(&c, &pool, k).await,
+            "a deleted row did not queue its key"
+        );
+    }
+    let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!((reviewed, deleted), (3, 2));
+    assert!(!exists(&c, &pool, &a).await && !exists(&c, &pool, &b).await);
+    assert!(
+        exists(&c, &pool, &both).await,
+        "a key a partition still names was collected"
+    );
+}
+
+/// A liveness row moved to another key queues the key it left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_liveness_row_moved_to_another_key_queues_the_old_one() {
+    let c = connect().await;
+    let (pool, table) = qpool_with_table(&c, "q-move").await;
+    let a = garbage(&c, &pool, b"q-move a").await;
+    put(&c, &pool, b"q-move b", "o").await;
+    let b = key(b"q-move b");
+    reference(&c, &table, &a).await.unwrap();
+    assert_eq!(sweep(&c, &pool).await.2, 0);
+    c.execute(&format!("UPDATE {table} SET key = $1"), &[&b])
+        .await
+        .unwrap();
+    assert!(
+        queued(&c, &pool, &a).await,
+        "the key a row left was not queued"
+    );
+    unpin(&c, &pool, b"q-move b", "o").await;
+    let (_, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!(deleted, 1);
+    assert!(!exists(&c, &pool, &a).await && exists(&c, &pool, &b).await);
+}
+
+/// An entry or a file record that reaches the tables without a pin (a
+/// superuser's repair, rows loaded by hand) is queued by its insert alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_inserted_without_a_pin_are_queued() {
+    let c = connect().await;
+    let pool = qpool(&c, "q-bare", "60 seconds").await;
+    let v = b"q-bare entry".as_slice();
+    c.execute(
+        "INSERT INTO alkblobs.entries (pool, key, size, tier, value)
+         SELECT p.id, $2, length($3::bytea), 'kv', $3::bytea FROM alkblobs.pools p WHERE p.name = $1",
+        &[&pool, &key(v), &v],
+    )
+    .await
+    .unwrap();
+    assert!(
+        queued(&c, &pool, &key(v)).await,
+        "an inserted entry was not queued"
+    );
+    assert_eq!(sweep(&c, &pool).await.2, 1);
+
+    let name = unique("q-bare-files");
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', 'local', collector => 'queue', audit_every => '0')",
+        &[&name],
+    )
+    .await
+    .unwrap();
+    let f = key(b"q-bare file");
+    c.execute(
+        "INSERT INTO alkblobs.files (pool, key, published)
+         SELECT p.id, $2, true FROM alkblobs.pools p WHERE p.name = $1",
+        &[&name, &f],
+    )
+    .await
+    .unwrap();
+    assert!(
+        queued(&c, &name, &f).await,
+        "an inserted file record was not queued"
+    );
+    let (reviewed, staged, ..) = sweep(&c, &name).await;
+    assert_eq!(
+        (reviewed, staged),
+        (1, 1),
+        "the file was not staged for its claim"
+    );
+}
+
+/// Events that cannot be told key by key — a registered table truncated,
+/// unregistered, dropped, or its guard turned off and on — ask for an
+/// audit, which the next sweep runs and which collects what they freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_without_keys_ask_for_an_audit() {
+    let c = connect().await;
+    for (tag, why) in [
+        ("truncate", "was truncated"),
+        ("unregister", "was unregistered"),
+        ("drop", "was dropped"),
+        ("guard", "changed"),
+    ] {
+        let (pool, table) = qpool_with_table(&c, &format!("q-audit-{tag}")).await;
+        let keys = [
+            garbage(&c, &pool, format!("{tag} 1").as_bytes()).await,
+            garbage(&c, &pool, format!("{tag} 2").as_bytes()).await,
+        ];
+        for k in &keys {
+            reference(&c, &table, k).await.unwrap();
+        }
+        assert_eq!(
+            sweep(&c, &pool).await.2,
+            0,
+            "{tag}: referenced keys collected"
+        );
+        let act = match tag {
+            "truncate" => format!("TRUNCATE {table}"),
+            "unregister" => format!("SELECT alkblobs_unregister_liveness('{pool}', '{table}')"),
+            "drop" => format!("DROP TABLE {table} CASCADE"),
+            _ => format!(
+                "ALTER TABLE {table} DISABLE TRIGGER alkblobs_liveness_guard; DELETE FROM {table};
+                 ALTER TABLE {table} ENABLE ALWAYS TRIGGER alkblobs_liveness_guard"
+            ),
+        };
+        c.batch_execute(&act).await.unwrap();
+        // (A drop in the SQL-only flavour, and a guard's change, are seen
+        // by the next sweep, which asks for the audit and starts it.)
+        if tag == "truncate" || tag == "unregister" {
+            let pending = audit_pending(&c, &pool).await.unwrap_or_default();
+            assert!(pending.contains(why), "{tag}: audit pending: {pending:?}");
+        }
+        let (_, staged, deleted, audit, missed) = sweep(&c, &pool).await;
+        let audit = audit.unwrap_or_default();
+        assert!(
+            audit.contains(why),
+            "{tag}: the sweep ran no audit for it: {audit:?}"
+        );
+        assert_eq!((staged, deleted), (2, 2), "{tag}");
+        assert_eq!(
+            missed, None,
+            "{tag}: an event's audit counts nothing as missed"
+        );
+        assert!(
+            audit_pending(&c, &pool).await.is_none(),
+            "{tag}: the audit is not done"
+        );
+        for k in &keys {
+            assert!(!exists(&c, &pool, k).await, "{tag}: a freed key was kept");
+        }
+    }
+}
+
+/// A pool that switches from the full-mark collector to the queue starts
+/// with an audit (its queue is empty), and one that leaves it drops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_switched_to_the_queue_is_audited() {
+    let c = connect().await;
+    ensure_extension(&c).await;
+    let pool = unique("q-switch");
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', collector => 'mark')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    put(&c, &pool, b"q-switch", "o").await;
+    assert!(
+        !queued(&c, &pool, &key(b"q-switch")).await,
+        "a mark pool queued a key"
+    );
+    unpin(&c, &pool, b"q-switch", "o").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, collector => 'queue', audit_every => '0')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    let (_, _, deleted, audit, _) = sweep(&c, &pool).await;
+    assert!(audit.unwrap_or_default().contains("collector changed"));
+    assert_eq!(deleted, 1);
+    garbage(&c, &pool, b"q-switch 2").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, collector => 'mark')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    assert!(
+        !queued(&c, &pool, &key(b"q-switch 2")).await,
+        "a mark pool kept its queue"
+    );
+}
+
+/// audit_every schedules audits: one runs once that long has passed since
+/// the last (or the pool's creation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audits_run_every_audit_every() {
+    let c = connect().await;
+    let pool = qpool(&c, "q-every", "60 seconds").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, audit_every => '1 second')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(sweep(&c, &pool).await.3.as_deref(), Some("scheduled"));
+    assert_eq!(
+        sweep(&c, &pool).await.3,
+        None,
+        "an audit right after the last"
+    );
+}
+
+/// An event whose queue row is lost (here: deleted by hand) leaks its key
+/// until an audit, which collects it, counts it as missed, and makes
+/// health warn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_finds_and_reports_what_the_queue_missed() {
+    let c = connect().await;
+    let pool = qpool(&c, "q-missed", "60 seconds").await;
+    let k = garbage(&c, &pool, b"q-missed").await;
+    c.execute(
+        "DELETE FROM alkblobs.review_queue q USING alkblobs.pools p WHERE p.id = q.pool AND p.name = $1",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    assert_eq!(sweep(&c, &pool).await.2, 0);
+    assert!(exists(&c, &pool, &k).await);
+    assert_eq!(audit_missed(&c, &pool).await, 1);
+    assert!(!exists(&c, &pool, &k).await, "the audit did not collect it");
+    let r = c
+        .query_one(
+            "SELECT status, array_to_string(reasons, '; ') FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    let (status, reasons): (String, String) = (r.get(0), r.get(1));
+    assert_eq!(status, "warn", "{reasons}");
+    assert!(reasons.contains("review queue missed"), "{reasons}");
+}
+
+/// A key two events queued is one row, reviewed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_queued_twice_is_reviewed_once() {
+    let c = connect().await;
+    let pool = qpool(&c, "q-twice", "60 seconds").await;
+    put(&c, &pool, b"q-twice", "o1").await;
+    put(&c, &pool, b"q-twice", "o2").await;
+    sweep(&c, &pool).await;
+    unpin(&c, &pool, b"q-twice", "o1").await;
+    unpin(&c, &pool, b"q-twice", "o2").await;
+    let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!((reviewed, deleted), (1, 1));
+}
+
+/// Reviews are bounded (max_keys rows a call, oldest first) and a dry run
+/// reviews without consuming the queue or staging anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reviews_are_bounded_and_a_dry_run_consumes_nothing() {
+    let c = connect().await;
+    let pool = qpool(&c, "q-bounded", "60 seconds").await;
+    for i in 0..25 {
+        garbage(&c, &pool, format!("q-bounded {i}").as_bytes()).await;
+    }
+    let dry: (i64, i64, i64) = {
+        let r = c
+            .query_one(
+                "SELECT reviewed, staged, deleted FROM alkblobs_sweep($1, dry_run => true)",
+                &[&pool],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(dry, (25, 25, 0), "dry run (reviewed, staged, deleted)");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = c
+            .query_one(
+                "SELECT reviewed, deleted FROM alkblobs_sweep($1, max_keys => 10)",
+                &[&pool],
+            )
+            .await
+            .unwrap();
+        seen.push((r.get::<_, i64>(0), r.get::<_, i64>(1)));
+    }
+    assert_eq!(seen, vec![(10, 10), (10, 10), (5, 5)]);
+}
+
+/// The queue's row locks, raced from two connections. (1) A review holds a
+/// key's row (here a connection standing in for it, FOR UPDATE) while a
+/// liveness row naming the key is deleted: the delete's enqueue waits for
+/// the review and, once the review has deleted the row, inserts it again —
+/// the event is never lost. (2) An event holds the row (its transaction
+/// is open) while a sweep runs: the review passes over the row, and the
+/// next sweep, after the event commits, collects the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_racing_a_review_is_never_lost() {
+    let c = connect().await;
+    let (pool, table) = qpool_with_table(&c, "q-race").await;
+    let k = garbage(&c, &pool, b"q-race").await;
+    reference(&c, &table, &k).await.unwrap();
+    // The put queued k; a row for it exists and is due.
+    assert!(queued(&c, &pool, &k).await);
+
+    // (1)
+    let reviewer = connect().await;
+    reviewer
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM alkblobs.review_queue q JOIN alkblobs.pools p ON p.id = q.pool
+                     WHERE p.name = '{pool}' FOR UPDATE OF q"
+        ))
+        .await
+        .unwrap();
+    let writer = connect().await;
+    let wpid = pid(&writer).await;
+    let del = {
+        let table = table.clone();
+        tokio::spawn(async move { writer.execute(&format!("DELETE FROM {table}"), &[]).await })
+    };
+    let mut waited = false;
+    for _ in 0..100 {
+        if waits_on_lock(&c, wpid).await {
+            waited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        waited,
+        "the delete's enqueue did not wait for the review's lock"
+    );
+    reviewer
+        .batch_execute(&format!(
+            "DELETE FROM alkblobs.review_queue q USING alkblobs.pools p
+              WHERE p.id = q.pool AND p.name = '{pool}'; COMMIT"
+        ))
+        .await
+        .unwrap();
+    del.await.unwrap().unwrap();
+    assert!(
+        queued(&c, &pool, &k).await,
+        "the event was lost to the review"
+    );
+
+    // (2) k is collected (nothing names it now); k2, named, is reviewed
+    // and kept; then a put and release of k2 leaves a committed row for it.
+    let k2 = garbage(&c, &pool, b"q-race 2").await;
+    reference(&c, &table, &k2).await.unwrap();
+    assert_eq!(sweep(&c, &pool).await.2, 1);
+    put(&c, &pool, b"q-race 2", "o").await;
+    unpin(&c, &pool, b"q-race 2", "o").await;
+    assert!(queued(&c, &pool, &k2).await);
+    let event = connect().await;
+    event
+        .batch_execute(&format!("BEGIN; DELETE FROM {table}"))
+        .await
+        .unwrap();
+    // The open event holds k2's row: the review passes over it, never
+    // waiting for it.
+    let sweeping = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let c = connect().await;
+            sweep(&c, &pool).await
+        })
+    };
+    let done = tokio::time::timeout(Duration::from_secs(5), sweeping).await;
+    event.batch_execute("ROLLBACK").await.unwrap();
+    let (reviewed, _, deleted, ..) = done
+        .expect("the sweep waited for an event's open transaction")
+        .unwrap();
+    assert_eq!(
+        (reviewed, deleted),
+        (0, 0),
+        "a row an event holds was reviewed"
+    );
+    assert!(exists(&c, &pool, &k2).await && queued(&c, &pool, &k2).await);
+    c.execute(&format!("DELETE FROM {table}"), &[])
+        .await
+        .unwrap();
+    let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!(
+        (reviewed, deleted),
+        (1, 1),
+        "the released key was not collected"
+    );
+}
