@@ -8,9 +8,11 @@
 #      that loses unsynced writes) and GC race tests, the CLI;
 #   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
 #      runs the golden SQL tests (scripts/regress.sh), the PostgreSQL race,
-#      protocol, privilege, liveness-registration, local-tier, argument and
-#      randomized suites and the engine conformance suites over real
-#      connections;
+#      protocol, privilege, liveness-registration, local-tier, argument,
+#      randomized, peer-race and review-queue suites and the engine
+#      conformance suites over real connections (pools on the default
+#      'queue' collector), then the race and hardening suites again over
+#      the full-mark collector ('mark', the database's default for them);
 #   4b. the s3 large tier against Garage (a real S3 server, built from the
 #      Rust registry in the background since step 1; scripts/s3-server.sh):
 #      engine, store and arbiter suites, alone and with PostgreSQL pools,
@@ -101,8 +103,13 @@ step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
 step "PostgreSQL race, protocol, privilege, liveness-registration, local-tier, argument, randomized and engine suites"
-ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring --test pg_peer_races
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring --test pg_peer_races --test pg_review_queue
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_pg
+
+step "the race and hardening suites again over the full-mark collector (pools created with collector 'mark': the database's default for this run)"
+psql -X -q "$url" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN EXECUTE format('ALTER DATABASE %I SET alkblobs.default_collector = %L', current_database(), 'mark'); END \$\$"
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_COLLECTOR=mark cargo test -p alkblobs-tests --features pg --test pg_races --test pg_randomized --test pg_peer_races --test pg_privileges --test pg_liveness_registration --test pg_local_tier
+psql -X -q "$url" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN EXECUTE format('ALTER DATABASE %I RESET alkblobs.default_collector', current_database()); END \$\$"
 
 step "the s3 large tier against a real S3 server (Garage, scripts/s3-server.sh): the engine, store and arbiter suites alone and with PostgreSQL (single-instance and fleet pools), writers killed mid-upload, a claimer stopped mid-delete, the database and the S3 server restarted mid-put, fleet processes racing over one s3 pool; then the engine and store suites on moto (scripts/s3-emulator.sh), which honours If-None-Match"
 if ! wait "$garage_install"; then
@@ -141,7 +148,7 @@ other_pg stop
 step "a third cluster, like a managed server: pg_cron preloaded, the library never loaded; the SQL-only install run by a non-superuser with CREATEROLE, then the engine, fleet, race, privilege, liveness-registration, local-tier, argument and randomized suites against it"
 trap 'scripts/sql-only-cluster.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
 managed_env=$(scripts/sql-only-cluster.sh start)
-env $managed_env cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_engines --test pg_fleet --test pg_races --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized
+env $managed_env cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_engines --test pg_fleet --test pg_races --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_review_queue
 scripts/sql-only-cluster.sh stop
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"

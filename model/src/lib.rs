@@ -11,8 +11,9 @@
 //!
 //! - [`Fleet`]: entries in the database (the kv and `pg-lo` tiers): puts
 //!   with their pin rows, pins of present keys, expiry and reaping,
-//!   liveness rows with the guard trigger, the mark, the window and the
-//!   re-arbitrated execution.
+//!   liveness rows with the guard trigger, the mark (the `mark` collector)
+//!   or the review queue and its review (the `queue` collector), the
+//!   window and the re-arbitrated execution.
 //! - [`SharedTier`]: a shared large tier (`local` or `s3`): `pin_new`,
 //!   the upload, `local_published`, the two-phase claim with its
 //!   tombstones, a claimer whose connection dies after it locked its
@@ -59,6 +60,11 @@ pub struct Guards {
     /// the tombstone's generation, and a key recorded afresh takes the
     /// fence's generation (`alkblobs.file_fences`, 0.8.0).
     pub generation_fences: bool,
+    /// A pin row deleted — released (`alkblobs_unpin`) or reaped when
+    /// expired — queues its key for review (the trigger `queue_released`).
+    pub released_pins_queue: bool,
+    /// A liveness row deleted queues its key (the guard's DELETE branch).
+    pub deleted_rows_queue: bool,
 }
 
 impl Guards {
@@ -70,7 +76,20 @@ impl Guards {
         liveness_guard: true,
         tombstones_honoured: true,
         generation_fences: true,
+        released_pins_queue: true,
+        deleted_rows_queue: true,
     };
+}
+
+/// How a [`Fleet`] pool's sweeps find dead content (`pools.collector`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Collector {
+    /// Every sweep marks the pool (`AlkblobsSweepMark`).
+    Mark,
+    /// Events queue the key and a sweep reviews the queue
+    /// (`AlkblobsSweepReview`); the audit, which is the mark, is left out
+    /// here so that collection must come through the queue.
+    Queue,
 }
 
 /// A writer of the [`Fleet`] model.
@@ -110,6 +129,8 @@ pub struct FleetState {
     pub live_row: bool,
     /// The key's staged row.
     pub staged: Staged,
+    /// The key's row in `alkblobs.review_queue` (the `queue` collector).
+    pub queued: bool,
     /// An execution deleted the entry while a live pin or a liveness row
     /// protected it.
     pub lost: bool,
@@ -140,22 +161,38 @@ pub enum FleetAction {
     LivenessDelete,
     /// `alkblobs_sweep`'s mark stages the key if nothing protects it.
     AlkblobsSweepMark,
+    /// `alkblobs_sweep`'s review of the key's queue row (`alkblobs.review`):
+    /// stages the key if the pool holds it and nothing protects it, and
+    /// deletes the row either way.
+    AlkblobsSweepReview,
     /// The staged row's window passes.
     WindowElapses,
     /// `alkblobs_sweep`'s execution of the due row.
     AlkblobsSweepExecute,
 }
 
-/// The [`Fleet`] model with some guards.
+/// The [`Fleet`] model with some guards and one collector.
 #[derive(Clone, Debug)]
 pub struct Fleet {
     /// Which guards hold.
     pub guards: Guards,
+    /// Mark or queue.
+    pub collector: Collector,
 }
 
 impl FleetState {
     fn protected(&self) -> bool {
         self.live_row || self.pins.contains(&Pin::Live)
+    }
+
+    /// An unprotected entry some sweep will find: queued, staged, or held
+    /// by an expired pin row whose reaping will queue it.
+    fn accounted(&self) -> bool {
+        !self.entry
+            || self.protected()
+            || self.queued
+            || self.staged != Staged::None
+            || self.pins.contains(&Pin::Expired)
     }
 }
 
@@ -170,6 +207,7 @@ impl Model for Fleet {
             writers: [Writer::Idle; 2],
             live_row: false,
             staged: Staged::None,
+            queued: false,
             lost: false,
             collected: false,
         }]
@@ -201,10 +239,14 @@ impl Model for Fleet {
         if s.live_row {
             actions.push(LivenessDelete);
         }
-        match s.staged {
-            Staged::None => actions.push(AlkblobsSweepMark),
-            Staged::Sealed => actions.push(WindowElapses),
-            Staged::Due => actions.push(AlkblobsSweepExecute),
+        match (s.staged, self.collector) {
+            (Staged::None, Collector::Mark) => actions.push(AlkblobsSweepMark),
+            (Staged::None, Collector::Queue) => {}
+            (Staged::Sealed, _) => actions.push(WindowElapses),
+            (Staged::Due, _) => actions.push(AlkblobsSweepExecute),
+        }
+        if self.collector == Collector::Queue && s.queued {
+            actions.push(AlkblobsSweepReview);
         }
     }
 
@@ -214,6 +256,8 @@ impl Model for Fleet {
         let mut n = s.clone();
         match a {
             AlkblobsPut(w) => {
+                // A new entry queues its key (`queue_recorded`).
+                n.queued |= !s.entry && self.collector == Collector::Queue;
                 n.entry = true;
                 // A put restarts the key's window.
                 n.staged = Staged::None;
@@ -239,6 +283,7 @@ impl Model for Fleet {
             AlkblobsUnpin(w) => {
                 n.pins[w] = Pin::None;
                 n.writers[w] = Writer::Idle;
+                n.queued |= self.queues(g.released_pins_queue);
             }
             PinExpires(w) => n.pins[w] = Pin::Expired,
             ReapExpired => {
@@ -247,6 +292,7 @@ impl Model for Fleet {
                         *p = Pin::None;
                     }
                 }
+                n.queued |= self.queues(g.released_pins_queue);
             }
             LivenessInsert(_) => {
                 if g.liveness_guard && !s.entry {
@@ -254,7 +300,16 @@ impl Model for Fleet {
                 }
                 n.live_row = true;
             }
-            LivenessDelete => n.live_row = false,
+            LivenessDelete => {
+                n.live_row = false;
+                n.queued |= self.queues(g.deleted_rows_queue);
+            }
+            AlkblobsSweepReview => {
+                n.queued = false;
+                if s.entry && !s.protected() && s.staged == Staged::None {
+                    n.staged = Staged::Sealed;
+                }
+            }
             AlkblobsSweepMark => {
                 if !s.entry || s.protected() {
                     return None;
@@ -292,7 +347,20 @@ impl Model for Fleet {
             Property::sometimes("unprotected content is collected", |_, s: &FleetState| {
                 s.collected
             }),
+            // The queue's completeness (vacuous under the mark): with no
+            // audit, a key no event queued would never be collected.
+            Property::always(
+                "every unprotected entry is queued, staged or awaiting its reaping",
+                |m: &Fleet, s: &FleetState| m.collector == Collector::Mark || s.accounted(),
+            ),
         ]
+    }
+}
+
+impl Fleet {
+    /// Whether an event whose enqueue is `guard` queues its key.
+    fn queues(&self, guard: bool) -> bool {
+        self.collector == Collector::Queue && guard
     }
 }
 

@@ -77,7 +77,28 @@ pub async fn pool(c: &Client, tag: &str, window: &str, ttl: &str) -> String {
     )
     .await
     .expect("create pool");
+    check_collector(c, &name).await;
     name
+}
+
+/// With `ALKBLOBS_PG_COLLECTOR` set (scripts/test.sh's pass over the
+/// full-mark collector, whose database defaults to it), checks that
+/// `pool` got that collector: the pass must test what it says it tests.
+pub async fn check_collector(c: &Client, pool: &str) {
+    if let Ok(want) = std::env::var("ALKBLOBS_PG_COLLECTOR") {
+        let got: String = c
+            .query_one(
+                "SELECT collector FROM alkblobs_pools WHERE pool = $1",
+                &[&pool],
+            )
+            .await
+            .expect("alkblobs_pools")
+            .get(0);
+        assert_eq!(
+            got, want,
+            "ALKBLOBS_PG_COLLECTOR={want}, but pool {pool} has {got}"
+        );
+    }
 }
 
 /// A name for `tag` no other test or run uses.
@@ -106,6 +127,7 @@ pub async fn pool_with(
     )
     .await
     .expect("create pool");
+    check_collector(c, &name).await;
     name
 }
 
