@@ -395,6 +395,42 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .unwrap()
         .get(0);
     assert_eq!(n, 2);
+    // 0.8.0: the pool reviews a queue, its first sweep audited it (the
+    // queue started empty), and the upgrade gave the registered table a
+    // guard that sees deletions and a TRUNCATE trigger.
+    let r = c
+        .query_one(
+            "SELECT p.collector, (SELECT s.audit FROM alkblobs_sweeps s WHERE s.pool = 'u' ORDER BY s.id LIMIT 1)
+               FROM alkblobs_pools p WHERE p.pool = 'u'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (collector, audit): (String, Option<String>) = (r.get(0), r.get(1));
+    assert_eq!(collector, "queue");
+    assert!(
+        audit
+            .as_deref()
+            .is_some_and(|a| a.contains("upgrade to 0.8.0")),
+        "the first sweep after the upgrade: audit {audit:?}"
+    );
+    let triggers: Vec<(String, i16)> = c
+        .query(
+            "SELECT tgname::text, tgtype FROM pg_trigger WHERE tgrelid = 'u_refs'::regclass AND tgname LIKE 'alkblobs%' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        triggers,
+        vec![
+            ("alkblobs_liveness_guard".to_owned(), 29),
+            ("alkblobs_liveness_truncate".to_owned(), 32)
+        ]
+    );
     let status: String = c
         .query_one("SELECT status FROM alkblobs_health WHERE pool = 'u'", &[])
         .await

@@ -565,3 +565,72 @@ async fn an_event_racing_a_review_is_never_lost() {
         "the released key was not collected"
     );
 }
+
+/// A pool created without a collector takes the database's (or session's)
+/// `alkblobs.default_collector`, else 'queue'; a bad collector or audit
+/// period is a clear 22023.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_defaults_to_the_queue_or_the_databases_setting() {
+    let c = connect().await;
+    ensure_extension(&c).await;
+    let collector = |pool: String| {
+        let c = &c;
+        async move {
+            c.query_one(
+                "SELECT collector FROM alkblobs_pools WHERE pool = $1",
+                &[&pool],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+        }
+    };
+    c.batch_execute("RESET alkblobs.default_collector")
+        .await
+        .unwrap();
+    // (scripts/test.sh's second pass sets the database's default to
+    // 'mark'; a session RESET goes back to it, so set it here instead.)
+    c.batch_execute("SET alkblobs.default_collector = ''")
+        .await
+        .unwrap();
+    let a = unique("q-default");
+    c.execute("SELECT alkblobs_create_pool($1)", &[&a])
+        .await
+        .unwrap();
+    assert_eq!(collector(a).await, "queue");
+    c.batch_execute("SET alkblobs.default_collector = 'mark'")
+        .await
+        .unwrap();
+    let b = unique("q-default");
+    c.execute("SELECT alkblobs_create_pool($1)", &[&b])
+        .await
+        .unwrap();
+    assert_eq!(collector(b).await, "mark");
+    for (sql, what) in [
+        (
+            "SELECT alkblobs_create_pool($1, collector => 'sweep')",
+            "collector",
+        ),
+        (
+            "SELECT alkblobs_create_pool($1, audit_every => '1 month')",
+            "audit_every",
+        ),
+        (
+            "SELECT alkblobs_create_pool($1, audit_every => '-1 day')",
+            "audit_every",
+        ),
+    ] {
+        let e = c
+            .execute(sql, &[&unique("q-bad")])
+            .await
+            .expect_err("a bad setting was accepted");
+        assert_eq!(alkblobs_tests::pg::sqlstate(&e), "22023", "{what}");
+        assert!(
+            e.to_string().contains(what) || format!("{e:?}").contains(what),
+            "{e:?}"
+        );
+    }
+    c.batch_execute("RESET alkblobs.default_collector")
+        .await
+        .unwrap();
+}
