@@ -225,18 +225,21 @@ CREATE INDEX staged_by_mark ON alkblobs.staged (mark, key);
 
 -- The review queue (0.8.0): the keys of a 'queue' pool that an event may
 -- have left unprotected (a pin released, expired or reaped; a liveness row
--- deleted or its key changed; an entry or a file recorded), each once,
--- with the time of its latest event. A sweep reviews the due rows and
--- stages the keys nothing protects, which the executor deletes a window
--- later after its usual re-check. A missed row leaks content until the
--- next audit; it can never delete any (the executor decides that).
+-- deleted or its key changed; an entry or a file recorded), a row per
+-- event, appended in the event's transaction (never updated: an append
+-- cannot fail with a serialization error at REPEATABLE READ or
+-- SERIALIZABLE). A sweep reviews the oldest rows, stages the keys nothing
+-- protects, which the executor deletes a window later after its usual
+-- re-check, and deletes exactly the rows it read. A missed row leaks
+-- content until the next audit; it can never delete any.
 CREATE TABLE alkblobs.review_queue (
-    pool         integer NOT NULL,
-    key          bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
-    review_after timestamptz NOT NULL,
-    PRIMARY KEY (pool, key)
+    pool      integer NOT NULL,
+    id        bigint GENERATED ALWAYS AS IDENTITY,
+    key       bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    queued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pool, id)
 );
-CREATE INDEX review_queue_due ON alkblobs.review_queue (pool, review_after);
+CREATE INDEX review_queue_by_key ON alkblobs.review_queue (pool, key);
 -- Audits asked for (0.8.0): an event that cannot be queued key by key (a
 -- liveness table truncated, dropped, unregistered or altered, a restore,
 -- the upgrade) or alkblobs_audit. The next sweep call of the pool that
@@ -424,6 +427,7 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.staged', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.files', '');

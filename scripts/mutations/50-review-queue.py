@@ -1,6 +1,6 @@
 # The review queue (issue 24): every event that can leave a key unprotected
-# queues it, events without keys ask for an audit, and the queue's row
-# locks keep a racing event from being lost. Each mutation removes one
+# queues it, events without keys ask for an audit, and a review deletes
+# only the rows it read, so an event racing it is never lost. Each mutation removes one
 # enqueue or one guard of the queue; tests/tests/pg_review_queue.rs must
 # fail. (A missed enqueue leaks, it never deletes: these tests assert that
 # content is collected, and the race suites that an audit finds nothing
@@ -48,18 +48,11 @@ MUTATIONS = [
       replace="     WHERE l.relid = rel\n       AND p.collector = 'queue'",
       kind="ext",
       tests=["a_deleted_liveness_row_queues_its_key"]),
-    M(id="queue-no-lock",
-      what="an event's enqueue does not lock a queue row that exists (DO NOTHING): a review deciding the key deletes the row and the event is lost",
+    M(id="review-deletes-by-key",
+      what="the review deletes every queue row of its keys, not the rows it read: an event committed while it checked is lost",
       file="sql/api/85-review.sql",
-      find="    ON CONFLICT ON CONSTRAINT review_queue_pkey DO UPDATE SET review_after = q.review_after WHERE false;\nEND $$;\n\n-- The statement triggers",
-      replace="    ON CONFLICT ON CONSTRAINT review_queue_pkey DO NOTHING;\nEND $$;\n\n-- The statement triggers",
-      kind="ext",
-      tests=["an_event_racing_a_review_is_never_lost"]),
-    M(id="review-no-skip-locked",
-      what="the review reads queue rows without locking them: a row an open event holds is reviewed under it",
-      file="sql/api/85-review.sql",
-      find="         ORDER BY q.review_after LIMIT max_keys\n           FOR UPDATE SKIP LOCKED) x;",
-      replace="         ORDER BY q.review_after LIMIT max_keys) x;",
+      find="        DELETE FROM alkblobs.review_queue q WHERE q.pool = pl.id AND q.id = ANY(ids);",
+      replace="        DELETE FROM alkblobs.review_queue q WHERE q.pool = pl.id AND q.key = ANY(batch);",
       kind="ext",
       tests=["an_event_racing_a_review_is_never_lost"]),
     M(id="audit-truncate",

@@ -18,14 +18,15 @@
 -- mark: alkblobs.request_audit): a registered table truncated, dropped,
 -- unregistered or altered, a restore, the upgrade to 0.8.0.
 --
--- A queued key is due at once (review_after is the time of its first
--- event not yet reviewed); the sweep reviews due rows oldest first and
--- stages the keys nothing protects into a mark sealed at the review, so
--- the executor deletes them a delete window after the review, after its
--- usual re-check under FOR UPDATE: the window runs from the review, as it
--- runs from the end of a mark. The queue decides only what gets reviewed;
--- what gets deleted is decided where it always was. A missed event leaks
--- content until the next audit and deletes nothing.
+-- A queue row is one event, appended (never updated, so an event cannot
+-- fail with a serialization error at REPEATABLE READ or SERIALIZABLE, nor
+-- wait for a review); the sweep reviews the oldest rows and stages the
+-- keys nothing protects into a mark sealed at the review, so the executor
+-- deletes them a delete window after the review, after its usual re-check
+-- under FOR UPDATE: the window runs from the review, as it runs from the
+-- end of a mark. The queue decides only what gets reviewed; what gets
+-- deleted is decided where it always was. A missed event leaks content
+-- until the next audit and deletes nothing.
 
 -- Queues `k` for review in every 'queue' pool registered table `rel` (or a
 -- table it is a partition of) feeds: the guard's half of the queue.
@@ -36,16 +37,11 @@ BEGIN
     IF k IS NULL OR length(k) <> 32 THEN
         RETURN;
     END IF;
-    -- ON CONFLICT … DO UPDATE … WHERE false: no new row version, but the
-    -- row is locked, so a review deciding this key right now finishes
-    -- first, and its delete of the row makes this insert again.
-    INSERT INTO alkblobs.review_queue AS q (pool, key, review_after)
-    SELECT DISTINCT l.pool, k, clock_timestamp()
+    INSERT INTO alkblobs.review_queue (pool, key)
+    SELECT DISTINCT l.pool, k
       FROM alkblobs.liveness l JOIN alkblobs.pools p ON p.id = l.pool
      WHERE (l.relid = rel OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(rel) a))
-       AND p.collector = 'queue' AND p.mode = 'fleet'
-     ORDER BY l.pool
-    ON CONFLICT ON CONSTRAINT review_queue_pkey DO UPDATE SET review_after = q.review_after WHERE false;
+       AND p.collector = 'queue' AND p.mode = 'fleet';
 END $$;
 
 -- The statement triggers on the extension's own tables: every row of the
@@ -56,12 +52,10 @@ CREATE FUNCTION alkblobs.queue_changed() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    INSERT INTO alkblobs.review_queue AS q (pool, key, review_after)
-    SELECT DISTINCT c.pool, c.key, clock_timestamp()
+    INSERT INTO alkblobs.review_queue (pool, key)
+    SELECT DISTINCT c.pool, c.key
       FROM changed c JOIN alkblobs.pools p ON p.id = c.pool
-     WHERE p.collector = 'queue' AND p.mode = 'fleet'
-     ORDER BY c.pool, c.key
-    ON CONFLICT ON CONSTRAINT review_queue_pkey DO UPDATE SET review_after = q.review_after WHERE false;
+     WHERE p.collector = 'queue' AND p.mode = 'fleet';
     RETURN NULL;
 END $$;
 
@@ -142,12 +136,16 @@ BEGIN
 END $$;
 
 -- A sweep call's review (the caller holds the pool's sweeper lock and has
--- validated its liveness tables): at most `max_keys` due rows of the
--- pool's queue, oldest first, each locked (a row an event is queueing
--- right now is passed over, and reviewed by the next call). The keys the
--- pool still holds (an entry, or a file that is no tombstone) and nothing
--- protects are staged under a mark sealed now; the rows are deleted
--- (kept, and nothing staged, on a dry run).
+-- validated its liveness tables; READ COMMITTED, so each statement below
+-- sees what committed before it began): the keys of the oldest
+-- `max_keys` rows of the pool's queue, then every row of those keys
+-- committed by now — each row commits with its event's change, so the
+-- check that follows, a later statement, sees every change these rows
+-- stand for. The keys the pool still holds (an entry, or a file that is no
+-- tombstone) and nothing protects are staged under a mark sealed now;
+-- exactly the rows read are deleted (a row an event commits meanwhile
+-- stays for the next review; nothing on a dry run). `reviewed` counts the
+-- rows.
 CREATE FUNCTION alkblobs.review(
     pl alkblobs.pools, max_keys integer, dry boolean, live_sql text,
     OUT reviewed bigint, OUT examined bigint, OUT pinned bigint, OUT candidates bigint, OUT staged bigint)
@@ -155,21 +153,26 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     batch bytea[];
+    ids bigint[];
     ks bytea[];
     tiers text[];
     mark_id bigint;
     st record;
 BEGIN
     reviewed := 0; examined := 0; pinned := 0; candidates := 0; staged := 0;
-    SELECT coalesce(array_agg(x.key ORDER BY x.key), '{}') INTO batch FROM (
+    SELECT coalesce(array_agg(DISTINCT x.key), '{}') INTO batch FROM (
         SELECT q.key FROM alkblobs.review_queue q
-         WHERE q.pool = pl.id AND q.review_after <= clock_timestamp()
-         ORDER BY q.review_after LIMIT max_keys
+         WHERE q.pool = pl.id
+         ORDER BY q.id LIMIT max_keys
            FOR UPDATE SKIP LOCKED) x;
-    reviewed := cardinality(batch);
-    IF reviewed = 0 THEN
+    IF cardinality(batch) = 0 THEN
         RETURN;
     END IF;
+    SELECT coalesce(array_agg(x.id), '{}') INTO ids FROM (
+        SELECT q.id FROM alkblobs.review_queue q
+         WHERE q.pool = pl.id AND q.key = ANY(batch)
+           FOR UPDATE SKIP LOCKED) x;
+    reviewed := cardinality(ids);
     -- (A key that is both an entry and a file, after a threshold change, is
     -- one candidate: its entry, as in the mark.)
     SELECT array_agg(s.key ORDER BY s.key), array_agg(s.tier ORDER BY s.key) INTO ks, tiers FROM (
@@ -191,7 +194,7 @@ BEGIN
         staged := st.staged;
     END IF;
     IF NOT dry THEN
-        DELETE FROM alkblobs.review_queue q WHERE q.pool = pl.id AND q.key = ANY(batch);
+        DELETE FROM alkblobs.review_queue q WHERE q.pool = pl.id AND q.id = ANY(ids);
     END IF;
 END $$;
 

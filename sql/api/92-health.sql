@@ -142,7 +142,7 @@ BEGIN
             -- it missed (a scheduled or requested audit finds nothing while
             -- every event is queued: each key it finds is a bug to report).
             SELECT count(*) INTO n FROM (
-                SELECT 1 FROM alkblobs.review_queue q WHERE q.pool = pl.id AND q.review_after + warn_after <= now_ts
+                SELECT 1 FROM alkblobs.review_queue q WHERE q.pool = pl.id AND q.queued_at + warn_after <= now_ts
                  LIMIT 100000) x;
             IF n > 0 THEN
                 why := why || format('%s review-queue rows due for longer than %s', n, warn_after);

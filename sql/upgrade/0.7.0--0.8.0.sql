@@ -166,14 +166,16 @@ ALTER TABLE alkblobs.pools
     ADD COLUMN audit_running text,
     ADD COLUMN last_audit timestamptz;
 CREATE TABLE alkblobs.review_queue (
-    pool         integer NOT NULL,
-    key          bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
-    review_after timestamptz NOT NULL,
-    PRIMARY KEY (pool, key)
+    pool      integer NOT NULL,
+    id        bigint GENERATED ALWAYS AS IDENTITY,
+    key       bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),
+    queued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pool, id)
 );
-CREATE INDEX review_queue_due ON alkblobs.review_queue (pool, review_after);
+CREATE INDEX review_queue_by_key ON alkblobs.review_queue (pool, key);
 REVOKE ALL ON alkblobs.review_queue FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue_id_seq', '');
 CREATE TABLE alkblobs.audit_requests (
     pool         integer PRIMARY KEY,
     reason       text NOT NULL,

@@ -418,7 +418,8 @@ async fn an_audit_finds_and_reports_what_the_queue_missed() {
     assert!(reasons.contains("review queue missed"), "{reasons}");
 }
 
-/// A key two events queued is one row, reviewed once.
+/// A key two events queued is reviewed (and staged) once: its rows go
+/// together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_queued_twice_is_reviewed_once() {
     let c = connect().await;
@@ -428,16 +429,23 @@ async fn a_key_queued_twice_is_reviewed_once() {
     sweep(&c, &pool).await;
     unpin(&c, &pool, b"q-twice", "o1").await;
     unpin(&c, &pool, b"q-twice", "o2").await;
-    let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
-    assert_eq!((reviewed, deleted), (1, 1));
+    let (reviewed, staged, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!(
+        (reviewed, staged, deleted),
+        (2, 1, 1),
+        "(rows, staged, deleted)"
+    );
+    assert_eq!(sweep(&c, &pool).await.0, 0, "a row was left");
 }
 
-/// Reviews are bounded (max_keys rows a call, oldest first) and a dry run
-/// reviews without consuming the queue or staging anything.
+/// Reviews are bounded (the keys of max_keys rows a call, oldest first,
+/// with their other rows) and a dry run reviews without consuming the
+/// queue or staging anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reviews_are_bounded_and_a_dry_run_consumes_nothing() {
     let c = connect().await;
     let pool = qpool(&c, "q-bounded", "60 seconds").await;
+    // Each: a row for the put's entry, one for its released pin.
     for i in 0..25 {
         garbage(&c, &pool, format!("q-bounded {i}").as_bytes()).await;
     }
@@ -451,9 +459,9 @@ async fn reviews_are_bounded_and_a_dry_run_consumes_nothing() {
             .unwrap();
         (r.get(0), r.get(1), r.get(2))
     };
-    assert_eq!(dry, (25, 25, 0), "dry run (reviewed, staged, deleted)");
+    assert_eq!(dry, (50, 25, 0), "dry run (rows reviewed, staged, deleted)");
     let mut seen = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..6 {
         let r = c
             .query_one(
                 "SELECT reviewed, deleted FROM alkblobs_sweep($1, max_keys => 10)",
@@ -463,80 +471,80 @@ async fn reviews_are_bounded_and_a_dry_run_consumes_nothing() {
             .unwrap();
         seen.push((r.get::<_, i64>(0), r.get::<_, i64>(1)));
     }
-    assert_eq!(seen, vec![(10, 10), (10, 10), (5, 5)]);
+    assert_eq!(
+        seen,
+        vec![(10, 5), (10, 5), (10, 5), (10, 5), (10, 5), (0, 0)]
+    );
 }
 
-/// The queue's row locks, raced from two connections. (1) A review holds a
-/// key's row (here a connection standing in for it, FOR UPDATE) while a
-/// liveness row naming the key is deleted: the delete's enqueue waits for
-/// the review and, once the review has deleted the row, inserts it again —
-/// the event is never lost. (2) An event holds the row (its transaction
-/// is open) while a sweep runs: the review passes over the row, and the
-/// next sweep, after the event commits, collects the key.
+/// An event that commits while a review of its key runs is never lost.
+/// The review reads the rows of its keys, checks, then deletes exactly
+/// the rows it read: here it is held between its check and its delete
+/// (its staging of another key waits for a transaction that staged that
+/// key by hand), and meanwhile the liveness row that protected the first
+/// key is deleted and its event's row committed. That row must survive the
+/// review, and the next sweep collect the key. Then: an open event (its row
+/// not committed) is invisible to a review, which neither waits for it nor
+/// loses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_racing_a_review_is_never_lost() {
     let c = connect().await;
     let (pool, table) = qpool_with_table(&c, "q-race").await;
-    let k = garbage(&c, &pool, b"q-race").await;
+    let k = garbage(&c, &pool, b"q-race k").await;
     reference(&c, &table, &k).await.unwrap();
-    // The put queued k; a row for it exists and is due.
-    assert!(queued(&c, &pool, &k).await);
-
-    // (1)
-    let reviewer = connect().await;
-    reviewer
+    let j = garbage(&c, &pool, b"q-race j").await;
+    // A transaction staging j by hand: the review's staging of j waits on it.
+    let holder = connect().await;
+    holder
         .batch_execute(&format!(
-            "BEGIN; SELECT 1 FROM alkblobs.review_queue q JOIN alkblobs.pools p ON p.id = q.pool
-                     WHERE p.name = '{pool}' FOR UPDATE OF q"
+            "BEGIN;
+             WITH m AS (INSERT INTO alkblobs.marks (pool, delete_window)
+                        SELECT p.id, '0' FROM alkblobs.pools p WHERE p.name = '{pool}' RETURNING id, pool)
+             INSERT INTO alkblobs.staged (pool, key, tier, mark)
+             SELECT m.pool, '\\x{}'::bytea, 'kv', m.id FROM m;",
+            alkblobs_tests::pg::hex(&j)
         ))
         .await
         .unwrap();
-    let writer = connect().await;
-    let wpid = pid(&writer).await;
-    let del = {
-        let table = table.clone();
-        tokio::spawn(async move { writer.execute(&format!("DELETE FROM {table}"), &[]).await })
+    let sweeper = connect().await;
+    let spid = pid(&sweeper).await;
+    let sweeping = {
+        let pool = pool.clone();
+        tokio::spawn(async move { sweep(&sweeper, &pool).await })
     };
     let mut waited = false;
-    for _ in 0..100 {
-        if waits_on_lock(&c, wpid).await {
+    for _ in 0..200 {
+        if waits_on_lock(&c, spid).await {
             waited = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(
-        waited,
-        "the delete's enqueue did not wait for the review's lock"
-    );
-    reviewer
-        .batch_execute(&format!(
-            "DELETE FROM alkblobs.review_queue q USING alkblobs.pools p
-              WHERE p.id = q.pool AND p.name = '{pool}'; COMMIT"
-        ))
+    assert!(waited, "the review did not reach its staging of j");
+    // The review has read k's rows and found k protected. Now k's row goes.
+    c.execute(&format!("DELETE FROM {table}"), &[])
         .await
         .unwrap();
-    del.await.unwrap().unwrap();
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let (_, _, deleted, ..) = sweeping.await.unwrap();
+    assert_eq!(deleted, 1, "j was not collected");
     assert!(
         queued(&c, &pool, &k).await,
         "the event was lost to the review"
     );
+    let (_, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!(deleted, 1, "k was not collected");
+    assert!(!exists(&c, &pool, &k).await);
 
-    // (2) k is collected (nothing names it now); k2, named, is reviewed
-    // and kept; then a put and release of k2 leaves a committed row for it.
+    // An open event: invisible, never waited for, not lost.
     let k2 = garbage(&c, &pool, b"q-race 2").await;
     reference(&c, &table, &k2).await.unwrap();
-    assert_eq!(sweep(&c, &pool).await.2, 1);
-    put(&c, &pool, b"q-race 2", "o").await;
-    unpin(&c, &pool, b"q-race 2", "o").await;
-    assert!(queued(&c, &pool, &k2).await);
+    assert_eq!(sweep(&c, &pool).await.2, 0);
     let event = connect().await;
     event
         .batch_execute(&format!("BEGIN; DELETE FROM {table}"))
         .await
         .unwrap();
-    // The open event holds k2's row: the review passes over it, never
-    // waiting for it.
     let sweeping = {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -545,24 +553,20 @@ async fn an_event_racing_a_review_is_never_lost() {
         })
     };
     let done = tokio::time::timeout(Duration::from_secs(5), sweeping).await;
-    event.batch_execute("ROLLBACK").await.unwrap();
     let (reviewed, _, deleted, ..) = done
         .expect("the sweep waited for an event's open transaction")
         .unwrap();
     assert_eq!(
         (reviewed, deleted),
         (0, 0),
-        "a row an event holds was reviewed"
+        "a review saw an uncommitted event"
     );
-    assert!(exists(&c, &pool, &k2).await && queued(&c, &pool, &k2).await);
-    c.execute(&format!("DELETE FROM {table}"), &[])
-        .await
-        .unwrap();
+    event.batch_execute("COMMIT").await.unwrap();
     let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
     assert_eq!(
         (reviewed, deleted),
         (1, 1),
-        "the released key was not collected"
+        "the committed event's key was not collected"
     );
 }
 
