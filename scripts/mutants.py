@@ -93,7 +93,7 @@ def test_targets():
 
 def package_args(package, target):
     args = ["-p", package]
-    if package == "alkblobs-tests" and target == "pg_s3":
+    if package == "alkblobs-tests" and target in S3_PG_TARGETS:
         args += ["--features", "pg,s3"]
     elif package == "alkblobs-tests" and target.startswith("s3_"):
         args += ["--features", "s3"]
@@ -157,10 +157,14 @@ def sql_only_cluster():
     return dict(line.split("=", 1) for line in r.stdout.split())
 
 
+# The suites that need both PostgreSQL and the S3 server.
+S3_PG_TARGETS = ("pg_s3", "pg_partition")
+
+
 def uses_s3(m, targets):
     """Whether a mutation's tests need the S3 server."""
     try:
-        return any("s3" in args[-1] for args, _ in runs(m, targets))
+        return any("s3" in args[-1] or args[-1] in S3_PG_TARGETS for args, _ in runs(m, targets))
     except LookupError:
         return False  # reported as broken when it runs
 

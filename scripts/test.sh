@@ -61,9 +61,9 @@ scripts/s3-server.sh install > target/garage-install.log 2>&1 &
 garage_install=$!
 scripts/install-extension.sh
 
-step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler), fuse3 (fusermount3, for the power-cut test's lossyfs), curl (scripts/s3-emulator.sh)"
+step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler), fuse3 (fusermount3, for the power-cut test's lossyfs), curl (scripts/s3-emulator.sh), iproute2 (ip netns and veth pairs: pg_partition's network cut)"
 tools=()
-for pkg in prometheus-sql-exporter postgresql-15-cron fuse3 curl; do
+for pkg in prometheus-sql-exporter postgresql-15-cron fuse3 curl iproute2; do
     dpkg -s "$pkg" >/dev/null 2>&1 || tools+=("$pkg")
 done
 if [ ${#tools[@]} -gt 0 ]; then
@@ -111,7 +111,7 @@ psql -X -q "$url" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN EXECUTE format('ALTER DAT
 ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_COLLECTOR=mark cargo test -p alkblobs-tests --features pg --test pg_races --test pg_randomized --test pg_peer_races --test pg_privileges --test pg_liveness_registration --test pg_local_tier
 psql -X -q "$url" -v ON_ERROR_STOP=1 -c "DO \$\$ BEGIN EXECUTE format('ALTER DATABASE %I RESET alkblobs.default_collector', current_database()); END \$\$"
 
-step "the s3 large tier against a real S3 server (Garage, scripts/s3-server.sh): the engine, store and arbiter suites alone and with PostgreSQL (single-instance and fleet pools), writers killed mid-upload, a claimer stopped mid-delete, the database and the S3 server restarted mid-put, fleet processes racing over one s3 pool; then the engine and store suites on moto (scripts/s3-emulator.sh), which honours If-None-Match"
+step "the s3 large tier against a real S3 server (Garage, scripts/s3-server.sh): the engine, store and arbiter suites alone and with PostgreSQL (single-instance and fleet pools), writers killed mid-upload, a claimer stopped mid-delete, an instance in its own network namespace cut off from the database (pg_partition), the database and the S3 server restarted mid-put, fleet processes racing over one s3 pool; then the engine and store suites on moto (scripts/s3-emulator.sh), which honours If-None-Match"
 if ! wait "$garage_install"; then
     echo "installing Garage failed; its log:" >&2
     cat target/garage-install.log >&2
@@ -120,7 +120,7 @@ fi
 trap 'scripts/s3-server.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
 s3env=$(scripts/s3-server.sh start)
 env $s3env cargo test -p alkblobs-tests --features s3 --test s3_engines --test s3_stores
-env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg,s3 --test pg_s3
+env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg,s3 --test pg_s3 --test pg_partition
 # Restarts the cluster under a fleet put between its pin and its publish: alone.
 env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg,s3 --test pg_s3_restart
 env $s3env ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_s3

