@@ -242,12 +242,15 @@ CREATE TABLE alkblobs.review_queue (
 CREATE INDEX review_queue_by_key ON alkblobs.review_queue (pool, key);
 -- Audits asked for (0.8.0): an event that cannot be queued key by key (a
 -- liveness table truncated, dropped, unregistered or altered, a restore,
--- the upgrade) or alkblobs_audit. The next sweep call of the pool that
--- starts an audit takes the row (alkblobs.request_audit).
+-- the upgrade) or alkblobs_audit, a row each, appended (nothing waits for
+-- an uncommitted request). The next sweep call of the pool that starts an
+-- audit takes the rows committed by then (alkblobs.request_audit).
 CREATE TABLE alkblobs.audit_requests (
-    pool         integer PRIMARY KEY,
+    pool         integer NOT NULL,
+    id           bigint GENERATED ALWAYS AS IDENTITY,
     reason       text NOT NULL,
-    requested_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    requested_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pool, id)
 );
 
 -- Large-object uploads in progress. An upload belongs to the transaction
@@ -429,6 +432,7 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.staged', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.files', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.file_fences', '');

@@ -570,6 +570,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '5s' AS $$
 DECLARE
+    d record;
     locked oid[];
     frontier oid[];
 BEGIN
@@ -610,7 +611,10 @@ BEGIN
         -- operator unregisters it; a missing view or guard is never read
         -- as a drop, which would unprotect a table whose guard was
         -- dropped.)
-        DELETE FROM alkblobs.liveness l WHERE l.relid = rel;
+        -- Every pool it fed loses protection no queue row names: audits.
+        FOR d IN DELETE FROM alkblobs.liveness l WHERE l.relid = rel RETURNING l.pool LOOP
+            PERFORM alkblobs.request_audit(d.pool, format('liveness table %s was dropped', rel));
+        END LOOP;
         gone := true;
         RETURN;
     END IF;
@@ -628,7 +632,7 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
     SELECT coalesce(string_agg(format('%s:%s:%s:%s', t.tgrelid, t.xmin, t.ctid, t.tgenabled), ',' ORDER BY t.tgrelid), '')
       FROM pg_catalog.pg_trigger t
-     WHERE t.tgname = 'alkblobs_liveness_guard'
+     WHERE t.tgname IN ('alkblobs_liveness_guard', 'alkblobs_liveness_truncate')
        AND t.tgrelid IN (SELECT rel UNION SELECT pt.relid FROM pg_catalog.pg_partition_tree(rel) pt)
 $$;
 
@@ -648,11 +652,7 @@ BEGIN
     SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = p;
     FOR r IN SELECT l.relid, l.pending, l.forward_refs, l.guard_seen FROM alkblobs.liveness l WHERE l.pool = p ORDER BY l.relid LOOP
         SELECT * INTO ls FROM alkblobs.lock_source(r.relid);
-        IF ls.gone THEN
-            -- (The SQL-only flavour's drop: no event trigger saw it.)
-            PERFORM alkblobs.request_audit(p, format('liveness table %s was dropped', r.relid::oid));
-            CONTINUE;
-        END IF;
+        CONTINUE WHEN ls.gone;
         IF ls.problem IS NULL AND pl.collector = 'queue' THEN
             ls.problem := alkblobs.queue_problem(r.relid);
         END IF;
@@ -663,6 +663,12 @@ BEGIN
         END IF;
         IF r.pending IS NULL AND NOT r.forward_refs AND r.guard_seen IS DISTINCT FROM alkblobs.guard_state(r.relid) THEN
             r.pending := 'recheck';
+        ELSIF r.forward_refs AND r.guard_seen IS DISTINCT FROM alkblobs.guard_state(r.relid) THEN
+            -- Forward references are never checked, but rows deleted while
+            -- the guard was off name keys no queue row names.
+            UPDATE alkblobs.liveness l SET guard_seen = alkblobs.guard_state(r.relid)
+             WHERE l.pool = p AND l.relid = r.relid;
+            PERFORM alkblobs.request_audit(p, format('liveness table %s changed (ALTER TABLE, or its guard was altered)', r.relid::pg_catalog.regclass));
         END IF;
         IF r.pending IS NOT NULL THEN
             BEGIN

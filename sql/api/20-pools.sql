@@ -256,10 +256,25 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'admin');
     was text := pl.collector;
+    bad regclass;
 BEGIN
     PERFORM alkblobs.check_settings($2, $3);
     PERFORM alkblobs.check_schedule($5, $6, $7, $8);
     PERFORM alkblobs.check_collector(coalesce($9, pl.collector), $10);
+    IF $9 IS NOT NULL AND $9 <> was THEN
+        -- Between sweeps (a review's rows, the queue dropped or an audit
+        -- asked for, never under one), and only when every registered
+        -- table has guards that see deletions.
+        PERFORM alkblobs.take_lock(pl.id, false);
+        SELECT l.relid INTO bad FROM alkblobs.liveness l JOIN pg_catalog.pg_class c ON c.oid = l.relid
+         WHERE l.pool = pl.id AND $9 = 'queue' AND alkblobs.queue_problem(l.relid) IS NOT NULL
+         ORDER BY l.relid LIMIT 1;
+        IF bad IS NOT NULL THEN
+            RAISE EXCEPTION 'pool "%" cannot take the ''queue'' collector: liveness table % has guards from before 0.8.0, which do not see deletions', pl.name, bad
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Its owner registers it again (alkblobs_register_liveness), which replaces them.';
+        END IF;
+    END IF;
     IF $4 IS NOT NULL THEN
         PERFORM alkblobs.check_max_object($4);
     END IF;

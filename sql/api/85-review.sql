@@ -68,25 +68,38 @@ CREATE OR REPLACE TRIGGER queue_recorded AFTER INSERT ON alkblobs.entries
 CREATE OR REPLACE TRIGGER queue_recorded AFTER INSERT ON alkblobs.files
     REFERENCING NEW TABLE AS changed
     FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.queue_changed();
--- Also under session_replication_role = replica (a logical replica applying
--- changes, or a restore run that way).
+-- Also under session_replication_role = replica (a restore run that way).
+-- A logical-replication subscriber's apply fires row triggers only, so a
+-- copy of the tables kept that way is not queued: audit it before sweeping
+-- it (alkblobs_audit).
 ALTER TABLE alkblobs.pins ENABLE ALWAYS TRIGGER queue_released;
 ALTER TABLE alkblobs.entries ENABLE ALWAYS TRIGGER queue_recorded;
 ALTER TABLE alkblobs.files ENABLE ALWAYS TRIGGER queue_recorded;
 
 -- Asks for an audit of pool p (a 'queue' fleet pool; others ignore it),
 -- saying why: the next sweep call starts one once the audit under way (if
--- any) is done. The first reason asked stands until that audit starts.
--- An insert, never an update of the pool's row: a TRUNCATE or DROP in a
--- long transaction holds this row lock, and no sweep ever waits for it.
+-- any) is done, for every request committed by then. An appended row,
+-- never an update and never a unique key: a TRUNCATE or DROP in a long
+-- transaction holds no row a sweep, an unregistration or another event
+-- could wait for.
 CREATE FUNCTION alkblobs.request_audit(p integer, why text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     INSERT INTO alkblobs.audit_requests (pool, reason)
-    SELECT x.id, why FROM alkblobs.pools x WHERE x.id = p AND x.collector = 'queue' AND x.mode = 'fleet'
-    ON CONFLICT ON CONSTRAINT audit_requests_pkey DO NOTHING;
+    SELECT x.id, why FROM alkblobs.pools x WHERE x.id = p AND x.collector = 'queue' AND x.mode = 'fleet';
 END $$;
+
+-- Why an audit that answers `reasons` (requests, oldest first) runs: the
+-- first event's reason if any (an event's audit exists to find keys
+-- nothing queued, so it counts nothing as missed), else 'requested'
+-- (alkblobs_audit); NULL for none.
+CREATE FUNCTION alkblobs.audit_reason(reasons text[]) RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce((SELECT r FROM unnest(reasons) WITH ORDINALITY u(r, i) WHERE r <> 'requested' ORDER BY i LIMIT 1),
+                    (SELECT r FROM unnest(reasons) u(r) WHERE r = 'requested' LIMIT 1))
+$$;
 
 -- The keys of `ks` (with their tiers, in key order) that no unexpired pin
 -- and no liveness row protects now and that no mark has staged yet are
@@ -185,10 +198,12 @@ BEGIN
     IF ks IS NOT NULL THEN
         examined := cardinality(ks);
         IF NOT dry THEN
-            INSERT INTO alkblobs.marks (pool, delete_window, mark_end)
-            VALUES (pl.id, pl.delete_window, clock_timestamp()) RETURNING id INTO mark_id;
+            INSERT INTO alkblobs.marks (pool, delete_window)
+            VALUES (pl.id, pl.delete_window) RETURNING id INTO mark_id;
         END IF;
         SELECT * INTO st FROM alkblobs.stage_unprotected(pl.id, ks, tiers, mark_id, dry, live_sql, false);
+        -- Sealed once staged: the window runs from after the check.
+        UPDATE alkblobs.marks mk SET mark_end = clock_timestamp() WHERE mk.id = mark_id;
         pinned := st.pinned;
         candidates := st.candidates;
         staged := st.staged;
@@ -267,17 +282,22 @@ END $$;
 DO $$
 DECLARE
     r record;
+    waited text := pg_catalog.current_setting('lock_timeout');
 BEGIN
+    -- A table busy for 10 s keeps its old guard rather than stall writers
+    -- behind this upgrade's locks.
+    PERFORM pg_catalog.set_config('lock_timeout', '10s', true);
     FOR r IN SELECT DISTINCT l.relid FROM alkblobs.liveness l
                JOIN pg_catalog.pg_class c ON c.oid = l.relid
               WHERE alkblobs.queue_problem(l.relid) IS NOT NULL
               ORDER BY l.relid LOOP
         BEGIN
             PERFORM alkblobs_registration.install_guard(r.relid::pg_catalog.regclass);
-        EXCEPTION WHEN insufficient_privilege OR lock_not_available THEN
+        EXCEPTION WHEN insufficient_privilege OR lock_not_available OR deadlock_detected THEN
             UPDATE alkblobs.pools p SET collector = 'mark'
              WHERE p.id IN (SELECT l.pool FROM alkblobs.liveness l WHERE l.relid = r.relid);
             RAISE WARNING 'alkblobs: liveness table % keeps its old guard (%); its pools keep the full-mark collector until its owner registers it again', r.relid::pg_catalog.regclass, SQLERRM;
         END;
     END LOOP;
+    PERFORM pg_catalog.set_config('lock_timeout', waited, true);
 END $$;

@@ -163,9 +163,12 @@ BEGIN
         IF pl.open_mark IS NOT NULL AND EXISTS (SELECT 1 FROM alkblobs.marks mk WHERE mk.id = pl.open_mark AND mk.mark_end IS NULL) THEN
             audit := coalesce(pl.audit_running, 'under way');
         ELSIF v_dry THEN
-            SELECT a.reason INTO audit FROM alkblobs.audit_requests a WHERE a.pool = pl.id;
+            SELECT alkblobs.audit_reason(array_agg(a.reason ORDER BY a.id)) INTO audit
+              FROM alkblobs.audit_requests a WHERE a.pool = pl.id;
         ELSE
-            DELETE FROM alkblobs.audit_requests a WHERE a.pool = pl.id RETURNING a.reason INTO audit;
+            -- Every request committed by now (one audit answers them all).
+            WITH taken AS (DELETE FROM alkblobs.audit_requests a WHERE a.pool = pl.id RETURNING a.id, a.reason)
+            SELECT alkblobs.audit_reason(array_agg(t.reason ORDER BY t.id)) INTO audit FROM taken t;
         END IF;
         IF audit IS NULL AND pl.audit_every IS NOT NULL
            AND coalesce(pl.last_audit, pl.created_at) + pl.audit_every <= clock_timestamp() THEN
@@ -290,6 +293,13 @@ BEGIN
                 unlinks := unlinks + 1;
             END IF;
         END LOOP;
+        -- A key that was both an entry and a file (a threshold change) is
+        -- staged as its entry: with the entry gone, its file is reviewed.
+        IF pl.collector = 'queue' AND pl.large_tier IN ('local', 's3') AND cardinality(now_dead) > 0 THEN
+            INSERT INTO alkblobs.review_queue (pool, key)
+            SELECT pl.id, f.key FROM alkblobs.files f
+             WHERE f.pool = pl.id AND f.key = ANY(now_dead) AND f.deleting_since IS NULL;
+        END IF;
         kept := kept + cardinality(pr.keep);
         skipped := skipped + cardinality(batch) - cardinality(ent) - cardinality(orphans)
                    + (SELECT count(*) FROM unnest(pr.busy) b WHERE NOT (b = ANY(pr.keep)));
@@ -481,6 +491,7 @@ DECLARE
     marking boolean := true;
     total_deleted bigint := 0;
     calls integer := 0;
+    full_reviews integer := 0;
 BEGIN
     IF $1 IS NULL OR $2 IS NULL THEN
         RAISE EXCEPTION 'pool and max_unlinks must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -500,8 +511,14 @@ BEGIN
         total_deleted := total_deleted OPERATOR(pg_catalog.+) r.deleted;
         marking := marking AND NOT r.mark_done;
         COMMIT;
-        -- (A full batch of the review queue: more of it may be due.)
-        EXIT WHEN NOT marking AND r.reviewed OPERATOR(pg_catalog.<) 20000
+        -- A full batch of the review queue: more of it may be due (up to
+        -- 100 such calls, 2,000,000 rows: events arriving faster than that
+        -- are left to the next run, which is then not endless).
+        IF r.reviewed OPERATOR(pg_catalog.>=) 20000 THEN
+            full_reviews := full_reviews OPERATOR(pg_catalog.+) 1;
+        END IF;
+        EXIT WHEN NOT marking
+              AND (r.reviewed OPERATOR(pg_catalog.<) 20000 OR full_reviews OPERATOR(pg_catalog.>=) 100)
               AND (r.remaining OPERATOR(pg_catalog.=) 0 OR r.executed OPERATOR(pg_catalog.=) 0);
     END LOOP;
     RAISE NOTICE 'pool "%": % call(s), % entries deleted', $1, calls, total_deleted;

@@ -177,12 +177,15 @@ REVOKE ALL ON alkblobs.review_queue FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue_id_seq', '');
 CREATE TABLE alkblobs.audit_requests (
-    pool         integer PRIMARY KEY,
+    pool         integer NOT NULL,
+    id           bigint GENERATED ALWAYS AS IDENTITY,
     reason       text NOT NULL,
-    requested_at timestamptz NOT NULL DEFAULT clock_timestamp()
+    requested_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (pool, id)
 );
 REVOKE ALL ON alkblobs.audit_requests FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests_id_seq', '');
 INSERT INTO alkblobs.audit_requests (pool, reason)
 SELECT p.id, 'the upgrade to 0.8.0 (the review queue starts empty)' FROM alkblobs.pools p WHERE p.mode = 'fleet';
 ALTER TABLE alkblobs.sweeps ADD COLUMN reviewed bigint, ADD COLUMN audit text, ADD COLUMN missed bigint;

@@ -638,3 +638,121 @@ async fn the_collector_defaults_to_the_queue_or_the_databases_setting() {
         .await
         .unwrap();
 }
+
+/// A key that is both an entry and a file (the threshold changed between
+/// two puts) is staged as its entry; once the entry is deleted its file
+/// record is queued and reviewed by the next sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_both_entry_and_file_has_its_file_reviewed_after_its_entry() {
+    let c = connect().await;
+    ensure_extension(&c).await;
+    let pool = unique("q-both");
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', 'local', collector => 'queue', audit_every => '0')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    let v = b"q-both".as_slice();
+    c.execute(
+        "INSERT INTO alkblobs.entries (pool, key, size, tier, value)
+         SELECT p.id, $2, length($3::bytea), 'kv', $3::bytea FROM alkblobs.pools p WHERE p.name = $1",
+        &[&pool, &key(v), &v],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "INSERT INTO alkblobs.files (pool, key, published)
+         SELECT p.id, $2, true FROM alkblobs.pools p WHERE p.name = $1",
+        &[&pool, &key(v)],
+    )
+    .await
+    .unwrap();
+    let (_, staged, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!((staged, deleted), (1, 1), "the entry first");
+    assert!(
+        queued(&c, &pool, &key(v)).await,
+        "the file was not queued once its entry went"
+    );
+    let (_, staged, ..) = sweep(&c, &pool).await;
+    assert_eq!(staged, 1, "the file was not staged for its claim");
+}
+
+/// A forward-reference table altered (here its guard turned off while a
+/// row went, then on again) asks for an audit too: its rows are never
+/// checked, but a row deleted unguarded names a key nothing queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_reference_table_altered_asks_for_an_audit() {
+    let c = connect().await;
+    let pool = qpool(&c, "q-fwd", "60 seconds").await;
+    let table = table_name(&pool, "fwd");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea)"))
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass, forward_references => true)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+    let k = garbage(&c, &pool, b"q-fwd").await;
+    reference(&c, &table, &k).await.unwrap();
+    assert_eq!(sweep(&c, &pool).await.2, 0);
+    c.batch_execute(&format!(
+        "ALTER TABLE {table} DISABLE TRIGGER alkblobs_liveness_guard; DELETE FROM {table};
+         ALTER TABLE {table} ENABLE ALWAYS TRIGGER alkblobs_liveness_guard"
+    ))
+    .await
+    .unwrap();
+    let (_, _, deleted, audit, _) = sweep(&c, &pool).await;
+    assert!(
+        audit.is_some(),
+        "no audit for an altered forward-reference table"
+    );
+    assert_eq!(deleted, 1, "the key its unguarded delete freed was kept");
+}
+
+/// A pool takes the 'queue' collector only when every registered table has
+/// guards that see deletions (55000 otherwise, naming the table).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_an_old_guard_cannot_take_the_queue() {
+    let c = connect().await;
+    ensure_extension(&c).await;
+    let pool = unique("q-oldguard");
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', collector => 'mark')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    let table = table_name(&pool, "refs");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea)"))
+        .await
+        .unwrap();
+    register(&c, &pool, &table).await;
+    // The guard as 0.7.0 installed it: INSERT OR UPDATE only.
+    c.batch_execute(&format!(
+        "DROP TRIGGER alkblobs_liveness_guard ON {table};
+         CREATE TRIGGER alkblobs_liveness_guard AFTER INSERT OR UPDATE ON {table}
+             FOR EACH ROW EXECUTE FUNCTION alkblobs_registration.liveness_guard();
+         ALTER TABLE {table} ENABLE ALWAYS TRIGGER alkblobs_liveness_guard;"
+    ))
+    .await
+    .unwrap();
+    let e = c
+        .execute(
+            "SELECT alkblobs_alter_pool($1, collector => 'queue')",
+            &[&pool],
+        )
+        .await
+        .expect_err("a pool with an old guard took the queue");
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "55000");
+    assert!(format!("{e:?}").contains(&table), "{e:?}");
+    register(&c, &pool, &table).await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, collector => 'queue')",
+        &[&pool],
+    )
+    .await
+    .expect("registered again, it takes the queue");
+}
