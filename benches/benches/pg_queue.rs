@@ -53,11 +53,19 @@ fn main() {
     rt.block_on(c.batch_execute("CREATE EXTENSION IF NOT EXISTS alkblobs"))
         .unwrap();
 
-    // 1. The write path.
+    // 1. The write path (ALKBLOBS_BENCH_QUEUE_WRITES=0 skips it).
+    if std::env::var("ALKBLOBS_BENCH_QUEUE_WRITES").as_deref() != Ok("0") {
+        write_path(&rt, &c, &url, tag);
+    }
+    big_pool(&rt, &c, n, tag);
+}
+
+/// Section 1: the write path, paired against the same before the queue.
+fn write_path(rt: &tokio::runtime::Runtime, c: &Client, url: &str, tag: u32) {
     let before_db = format!("bench_before_queue_{tag}");
     rt.block_on(c.batch_execute(&format!("CREATE DATABASE {before_db}")))
         .unwrap();
-    let b = rt.block_on(connect(&with_db(&url, &before_db)));
+    let b = rt.block_on(connect(&with_db(url, &before_db)));
     let (qpool, mpool) = (format!("bench-q-{tag}"), format!("bench-m-{tag}"));
     let (qlive, mlive) = (format!("bench_qlive_{tag}"), format!("bench_mlive_{tag}"));
     rt.block_on(async {
@@ -123,7 +131,7 @@ fn main() {
     }
     // Liveness rows: insert one naming a held key, then delete it.
     rt.block_on(async {
-        for (cl, pool, keys) in [(&c, &qpool, &mut pa), (&b, &mpool, &mut pb)] {
+        for (cl, pool, keys) in [(c, &qpool, &mut pa), (&b, &mpool, &mut pb)] {
             for i in 0..100u64 {
                 let v = data(i + 7, 64);
                 let k = blake3::hash(&v).as_bytes().to_vec();
@@ -176,8 +184,10 @@ fn main() {
             .await
             .unwrap();
     });
+}
 
-    // 2. The big pool and its audit.
+/// Sections 2 and 3: the big pool, its audit, one incremental cycle.
+fn big_pool(rt: &tokio::runtime::Runtime, c: &Client, n: i64, tag: u32) {
     let big = format!("bench-big-q-{tag}");
     let live = format!("bench_big_live_{tag}");
     println!(

@@ -256,8 +256,8 @@ impl Model for Fleet {
         let mut n = s.clone();
         match a {
             AlkblobsPut(w) => {
-                // A new entry queues its key (`queue_recorded`).
-                n.queued |= !s.entry && self.collector == Collector::Queue;
+                // (No queue row: the put's pin protects the key, and its
+                // release or reaping queues it.)
                 n.entry = true;
                 // A put restarts the key's window.
                 n.staged = Staged::None;

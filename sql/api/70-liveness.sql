@@ -9,7 +9,7 @@
 -- generated columns and every BEFORE trigger, and fires under
 -- session_replication_role = replica too). A row deleted, or updated to
 -- another key, queues its old key for review in each 'queue' pool the
--- table is registered with (alkblobs.queue_unreferenced; a guard installed
+-- table is registered with (a guard installed
 -- before 0.8.0 fires on INSERT OR UPDATE only, and such a pool's sweeps ask
 -- for the table to be registered again). For each pool the table is registered with, a row naming a
 -- key locks the row that says the pool holds it FOR KEY SHARE: the entry,
@@ -26,6 +26,7 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     k bytea;
+    gone bytea;
     r record;
     rc boolean := pg_catalog.current_setting('transaction_isolation') = 'read committed';
 BEGIN
@@ -36,20 +37,31 @@ BEGIN
             RAISE EXCEPTION 'liveness table % has a "key" column of type %, not bytea', TG_RELID::pg_catalog.regclass, pg_catalog.pg_typeof(OLD.key)
                 USING ERRCODE = 'AB004';
         END IF;
-        PERFORM alkblobs.queue_unreferenced(TG_RELID, OLD.key);
-        RETURN NULL;
-    END IF;
-    IF pg_catalog.pg_typeof(NEW.key) <> 'pg_catalog.bytea'::pg_catalog.regtype THEN
-        RAISE EXCEPTION 'liveness table % has a "key" column of type %, not bytea', TG_RELID::pg_catalog.regclass, pg_catalog.pg_typeof(NEW.key)
-            USING ERRCODE = 'AB004';
-    END IF;
-    k := NEW.key;
-    IF TG_OP = 'UPDATE' THEN
-        IF OLD.key IS NOT DISTINCT FROM k THEN
-            RETURN NULL;
+        gone := OLD.key;
+    ELSE
+        IF pg_catalog.pg_typeof(NEW.key) <> 'pg_catalog.bytea'::pg_catalog.regtype THEN
+            RAISE EXCEPTION 'liveness table % has a "key" column of type %, not bytea', TG_RELID::pg_catalog.regclass, pg_catalog.pg_typeof(NEW.key)
+                USING ERRCODE = 'AB004';
         END IF;
-        -- (The same column: NEW's type is OLD's.)
-        PERFORM alkblobs.queue_unreferenced(TG_RELID, OLD.key);
+        k := NEW.key;
+        IF TG_OP = 'UPDATE' THEN
+            IF OLD.key IS NOT DISTINCT FROM k THEN
+                RETURN NULL;
+            END IF;
+            -- (The same column: NEW's type is OLD's.)
+            gone := OLD.key;
+        END IF;
+    END IF;
+    -- The key a row left (deleted, or moved to another key): queued for
+    -- review in every 'queue' pool the table, or a table it is a partition
+    -- of, feeds. Appended here, not in a function of its own: this runs
+    -- for every row deleted from a registered table.
+    IF length(gone) = 32 THEN
+        INSERT INTO alkblobs.review_queue (pool, key)
+        SELECT DISTINCT l.pool, gone
+          FROM alkblobs.liveness l JOIN alkblobs.pools p ON p.id = l.pool
+         WHERE (l.relid = TG_RELID OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(TG_RELID) a))
+           AND p.collector = 'queue' AND p.mode = 'fleet';
     END IF;
     IF k IS NULL OR length(k) <> 32 THEN
         RETURN NULL;

@@ -8,12 +8,14 @@
 -- unprotected, so its cost follows churn and not the pool's size. Every
 -- such event queues its key in the event's own transaction:
 --   * a pin row deleted (released, released in bulk, reaped when expired):
---     the trigger queue_released on alkblobs.pins;
---   * an entry or a file record inserted (a put; pin_new; a claim's
---     tombstone of a file nobody recorded): queue_recorded on
---     alkblobs.entries and alkblobs.files;
+--     the trigger queue_released on alkblobs.pins. Every entry and file
+--     record of a fleet pool is created with a pin row in its put's
+--     transaction (pin before publish: an owner is required), so a key put
+--     and never referenced is queued when that pin goes; a row inserted
+--     by hand with no pin is found by the next audit;
 --   * a liveness row deleted, or updated to another key: the guard
---     (alkblobs_registration.liveness_guard, AFTER … OR DELETE).
+--     (alkblobs_registration.liveness_guard, AFTER … OR DELETE);
+--   * the executor deleting an entry whose key also has a file record.
 -- Events that cannot be told key by key ask for an audit instead (the full
 -- mark: alkblobs.request_audit): a registered table truncated, dropped,
 -- unregistered or altered, a restore, the upgrade to 0.8.0.
@@ -28,26 +30,9 @@
 -- deleted is decided where it always was. A missed event leaks content
 -- until the next audit and deletes nothing.
 
--- Queues `k` for review in every 'queue' pool registered table `rel` (or a
--- table it is a partition of) feeds: the guard's half of the queue.
-CREATE FUNCTION alkblobs.queue_unreferenced(rel oid, k bytea) RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF k IS NULL OR length(k) <> 32 THEN
-        RETURN;
-    END IF;
-    INSERT INTO alkblobs.review_queue (pool, key)
-    SELECT DISTINCT l.pool, k
-      FROM alkblobs.liveness l JOIN alkblobs.pools p ON p.id = l.pool
-     WHERE (l.relid = rel OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(rel) a))
-       AND p.collector = 'queue' AND p.mode = 'fleet';
-END $$;
-
--- The statement triggers on the extension's own tables: every row of the
--- transition table `changed` (pins deleted, entries or files inserted) of
--- a 'queue' pool queues its key. SECURITY DEFINER: whoever deleted the pin
--- (a superuser by hand too) queues it.
+-- The statement trigger on the pins: every pin row deleted (the transition
+-- table `changed`) of a 'queue' pool queues its key. SECURITY DEFINER:
+-- whoever deleted the pin (a superuser by hand too) queues it.
 CREATE FUNCTION alkblobs.queue_changed() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -62,19 +47,11 @@ END $$;
 CREATE OR REPLACE TRIGGER queue_released AFTER DELETE ON alkblobs.pins
     REFERENCING OLD TABLE AS changed
     FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.queue_changed();
-CREATE OR REPLACE TRIGGER queue_recorded AFTER INSERT ON alkblobs.entries
-    REFERENCING NEW TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.queue_changed();
-CREATE OR REPLACE TRIGGER queue_recorded AFTER INSERT ON alkblobs.files
-    REFERENCING NEW TABLE AS changed
-    FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.queue_changed();
 -- Also under session_replication_role = replica (a restore run that way).
 -- A logical-replication subscriber's apply fires row triggers only, so a
 -- copy of the tables kept that way is not queued: audit it before sweeping
 -- it (alkblobs_audit).
 ALTER TABLE alkblobs.pins ENABLE ALWAYS TRIGGER queue_released;
-ALTER TABLE alkblobs.entries ENABLE ALWAYS TRIGGER queue_recorded;
-ALTER TABLE alkblobs.files ENABLE ALWAYS TRIGGER queue_recorded;
 
 -- Asks for an audit of pool p (a 'queue' fleet pool; others ignore it),
 -- saying why: the next sweep call starts one once the audit under way (if

@@ -39,6 +39,11 @@ async fn a_hundred_thousand_dead_large_objects_are_collected_in_bounded_batches(
     .unwrap();
     c.batch_execute("RESET ROLE").await.unwrap();
     assert_eq!(objects(&c, &pool).await, 100_000);
+    // Loaded by hand, without pins: nothing queued them (a 'queue' pool),
+    // so an audit finds them (a 'mark' pool marks in every sweep anyway).
+    c.execute("SELECT alkblobs_request_audit($1)", &[&pool])
+        .await
+        .unwrap();
 
     // One unbounded transaction cannot hold 100k lo_unlink locks.
     let err = c
