@@ -83,8 +83,6 @@ fn write_path(rt: &tokio::runtime::Runtime, c: &Client, url: &str, tag: u32) {
         .unwrap();
         b.batch_execute(&format!(
             "CREATE EXTENSION alkblobs;
-             DROP TRIGGER queue_recorded ON alkblobs.entries;
-             DROP TRIGGER queue_recorded ON alkblobs.files;
              DROP TRIGGER queue_released ON alkblobs.pins;
              SELECT alkblobs_create_pool('{mpool}', '1 hour', '1 hour', collector => 'mark');
              CREATE TABLE {mlive} (key bytea NOT NULL); CREATE INDEX ON {mlive} (key);
@@ -125,7 +123,7 @@ fn write_path(rt: &tokio::runtime::Runtime, c: &Client, url: &str, tag: u32) {
             "queue pool",
             "before the queue",
             rounds(8),
-            &mut |lat| (puts.borrow_mut())(&c, &put_q, &qpool, lat),
+            &mut |lat| (puts.borrow_mut())(c, &put_q, &qpool, lat),
             &mut |lat| (puts.borrow_mut())(&b, &put_m, &mpool, lat),
         );
     }
@@ -175,7 +173,7 @@ fn write_path(rt: &tokio::runtime::Runtime, c: &Client, url: &str, tag: u32) {
         "queue pool",
         "before the queue",
         rounds(8),
-        &mut |lat| rows(&c, &ins_q, &del_q, &pa, lat),
+        &mut |lat| rows(c, &ins_q, &del_q, &pa, lat),
         &mut |lat| rows(&b, &ins_m, &del_m, &pb, lat),
     );
     drop(b);
