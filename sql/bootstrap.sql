@@ -225,7 +225,8 @@ CREATE INDEX staged_by_mark ON alkblobs.staged (mark, key);
 
 -- The review queue (0.8.0): the keys of a 'queue' pool that an event may
 -- have left unprotected (a pin released, expired or reaped; a liveness row
--- deleted or its key changed; an entry or a file recorded), a row per
+-- deleted or its key changed; an entry whose key also has a file deleted;
+-- a put's key is queued when its pin goes), a row per
 -- event, appended in the event's transaction (never updated: an append
 -- cannot fail with a serialization error at REPEATABLE READ or
 -- SERIALIZABLE). A sweep reviews the oldest rows, stages the keys nothing

@@ -9,7 +9,8 @@ SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_by
        coalesce(o.rolname, p.owner::text) AS owner, p.created_at, p.mode,
        p.id AS pool_id, p.sweep_every, p.history_keep, p.warn_after, p.critical_after,
        p.large_location, p.collector, p.audit_every, p.last_audit,
-       coalesce(p.audit_running, (SELECT a.reason FROM alkblobs.audit_requests a WHERE a.pool = p.id ORDER BY a.id LIMIT 1)) AS audit_pending
+       coalesce(p.audit_running, (SELECT alkblobs.audit_reason(array_agg(a.reason ORDER BY a.id))
+                                    FROM alkblobs.audit_requests a WHERE a.pool = p.id)) AS audit_pending
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -217,7 +218,8 @@ GRANT SELECT ON @extschema@.alkblobs_pools, @extschema@.alkblobs_pins, @extschem
     @extschema@.alkblobs_usage, @extschema@.alkblobs_pool_grants, @extschema@.alkblobs_sweeps,
     @extschema@.alkblobs_health TO alkblobs_reader;
 -- The views filter pools by the caller's access through alkblobs.may.
-GRANT EXECUTE ON FUNCTION alkblobs.may(alkblobs.pools, text), alkblobs.health_rows(), alkblobs.upload_running(xid8) TO alkblobs_reader;
+GRANT EXECUTE ON FUNCTION alkblobs.may(alkblobs.pools, text), alkblobs.health_rows(), alkblobs.upload_running(xid8),
+    alkblobs.audit_reason(text[]) TO alkblobs_reader;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_get(text, bytea),
     @extschema@.alkblobs_stat(text, bytea),

@@ -478,7 +478,7 @@ BEGIN
                        WHERE tg.tgrelid = rel AND tg.tgname = 'alkblobs_liveness_truncate'
                          AND tg.tgfoid = 'alkblobs_registration.liveness_truncated()'::pg_catalog.regprocedure
                          AND tg.tgtype = 32 AND tg.tgenabled = 'A') THEN
-        RETURN 'has guard triggers that do not see deletions and truncation (installed before 0.8.0, or altered): register it again, or set the pool''s collector to ''mark''';
+        RETURN 'has guard triggers that do not see deletions and truncation (installed before 0.8.0, or altered): register it again, or set the pool''s collector to ''mark'' (alkblobs_alter_pool)';
     END IF;
     RETURN NULL;
 END $$;

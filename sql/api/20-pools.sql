@@ -261,11 +261,16 @@ BEGIN
     PERFORM alkblobs.check_settings($2, $3);
     PERFORM alkblobs.check_schedule($5, $6, $7, $8);
     PERFORM alkblobs.check_collector(coalesce($9, pl.collector), $10);
-    IF $9 IS NOT NULL AND $9 <> was THEN
+    IF $9 IS NOT NULL THEN
         -- Between sweeps (a review's rows, the queue dropped or an audit
-        -- asked for, never under one), and only when every registered
+        -- asked for, never under one), the collector read under the lock
+        -- (a concurrent switch is seen), and only when every registered
         -- table has guards that see deletions.
         PERFORM alkblobs.take_lock(pl.id, false);
+        SELECT * INTO pl FROM alkblobs.pools x WHERE x.id = pl.id FOR UPDATE;
+        was := pl.collector;
+    END IF;
+    IF $9 IS NOT NULL AND $9 <> was THEN
         SELECT l.relid INTO bad FROM alkblobs.liveness l JOIN pg_catalog.pg_class c ON c.oid = l.relid
          WHERE l.pool = pl.id AND $9 = 'queue' AND alkblobs.queue_problem(l.relid) IS NOT NULL
          ORDER BY l.relid LIMIT 1;

@@ -224,6 +224,7 @@ DECLARE
     calls integer := 0;
     staged bigint := 0;
     missed bigint := 0;
+    audits integer := 0;
 BEGIN
     IF $1 IS NULL OR $2 IS NULL THEN
         RAISE EXCEPTION 'pool and max_unlinks must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -245,8 +246,14 @@ BEGIN
         COMMIT;
         -- Done once the requested audit sealed its mark (or another sweep
         -- finished it meanwhile: no audit under way); an audit that was
-        -- under way for another reason is followed by the requested one.
-        EXIT WHEN r.mark_done AND (r.audit IS NULL OR r.audit OPERATOR(pg_catalog.=) 'requested');
+        -- under way is followed by the one that answers the request, which
+        -- is the second to seal at the latest (events asking for more
+        -- audits meanwhile do not keep this call running).
+        IF r.mark_done AND r.audit IS NOT NULL THEN
+            audits := audits OPERATOR(pg_catalog.+) 1;
+        END IF;
+        EXIT WHEN r.mark_done AND (r.audit IS NULL OR r.audit OPERATOR(pg_catalog.=) 'requested'
+                                   OR audits OPERATOR(pg_catalog.>=) 2);
     END LOOP;
     RAISE NOTICE 'pool "%": audit done in % call(s): % keys staged, % of them missed by the review queue', $1, calls, staged, missed;
 END $$;
@@ -273,7 +280,9 @@ BEGIN
         EXCEPTION WHEN insufficient_privilege OR lock_not_available OR deadlock_detected THEN
             UPDATE alkblobs.pools p SET collector = 'mark'
              WHERE p.id IN (SELECT l.pool FROM alkblobs.liveness l WHERE l.relid = r.relid);
-            RAISE WARNING 'alkblobs: liveness table % keeps its old guard (%); its pools keep the full-mark collector until its owner registers it again', r.relid::pg_catalog.regclass, SQLERRM;
+            DELETE FROM alkblobs.audit_requests a
+             WHERE a.pool IN (SELECT l.pool FROM alkblobs.liveness l WHERE l.relid = r.relid);
+            RAISE WARNING 'alkblobs: liveness table % keeps its old guard (%); its pools keep the full-mark collector until its owner registers it again and an admin sets collector => ''queue''', r.relid::pg_catalog.regclass, SQLERRM;
         END;
     END LOOP;
     PERFORM pg_catalog.set_config('lock_timeout', waited, true);

@@ -165,6 +165,8 @@ ALTER TABLE alkblobs.pools
     ADD COLUMN audit_every interval CONSTRAINT audit_every_positive CHECK (audit_every > interval '0'),
     ADD COLUMN audit_running text,
     ADD COLUMN last_audit timestamptz;
+-- Existing pools audit daily too, as new ones do (alkblobs_create_pool).
+UPDATE alkblobs.pools p SET audit_every = interval '1 day' WHERE p.mode = 'fleet';
 CREATE TABLE alkblobs.review_queue (
     pool      integer NOT NULL,
     id        bigint GENERATED ALWAYS AS IDENTITY,

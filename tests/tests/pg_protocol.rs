@@ -405,7 +405,8 @@ async fn the_extension_upgrades_and_drops_cleanly() {
     // guard that sees deletions and a TRUNCATE trigger.
     let r = c
         .query_one(
-            "SELECT p.collector, (SELECT s.audit FROM alkblobs_sweeps s WHERE s.pool = 'u' ORDER BY s.id LIMIT 1)
+            "SELECT p.collector, (SELECT s.audit FROM alkblobs_sweeps s WHERE s.pool = 'u' ORDER BY s.id LIMIT 1),
+                    p.audit_every = interval '1 day'
                FROM alkblobs_pools p WHERE p.pool = 'u'",
             &[],
         )
@@ -413,6 +414,10 @@ async fn the_extension_upgrades_and_drops_cleanly() {
         .unwrap();
     let (collector, audit): (String, Option<String>) = (r.get(0), r.get(1));
     assert_eq!(collector, "queue");
+    assert!(
+        r.get::<_, bool>(2),
+        "an upgraded pool audits daily, as a new one does"
+    );
     assert!(
         audit
             .as_deref()
