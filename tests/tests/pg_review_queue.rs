@@ -727,3 +727,62 @@ async fn a_pool_with_an_old_guard_cannot_take_the_queue() {
     .await
     .expect("registered again, it takes the queue");
 }
+
+/// The queue's events at every isolation level, each racing a review of
+/// the same key from another connection: an unpin and a liveness delete in
+/// an open REPEATABLE READ or SERIALIZABLE transaction whose key a sweep
+/// reviews (and whose old queue rows it deletes), and another event queues
+/// after their snapshot, before they commit. The
+/// events commit without a serialization failure (rows are appended, never
+/// updated), nothing is collected while they are open, and the next sweep
+/// collects the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_at_every_isolation_level_race_a_review_without_failing() {
+    let c = connect().await;
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let (pool, table) = qpool_with_table(&c, "q-iso").await;
+        let v = format!("q-iso {level}");
+        let k = key(v.as_bytes());
+        put(&c, &pool, v.as_bytes(), "o").await;
+        put(&c, &pool, v.as_bytes(), "o2").await;
+        put(&c, &pool, v.as_bytes(), "o3").await;
+        reference(&c, &table, &k).await.unwrap();
+        // A committed row for k (o2's pin released): the review deletes it.
+        unpin(&c, &pool, v.as_bytes(), "o2").await;
+        assert!(queued(&c, &pool, &k).await);
+        let w = connect().await;
+        w.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        // The snapshot is taken, then the review runs and commits.
+        w.query_one("SELECT count(*) FROM alkblobs_pins", &[])
+            .await
+            .unwrap();
+        let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
+        assert_eq!(
+            (reviewed, deleted),
+            (1, 0),
+            "{level}: k is pinned and named"
+        );
+        // And another event's row for k commits after w's snapshot (a queue
+        // keeping one row per key, upserted, failed w's events here with
+        // 40001: pg_randomized found it).
+        unpin(&c, &pool, v.as_bytes(), "o3").await;
+        w.execute("SELECT alkblobs_unpin($1, $2, 'o')", &[&pool, &k])
+            .await
+            .unwrap_or_else(|e| panic!("{level}: unpin: {e:?}"));
+        w.execute(&format!("DELETE FROM {table}"), &[])
+            .await
+            .unwrap_or_else(|e| panic!("{level}: liveness delete: {e:?}"));
+        // Open: nothing of it is seen, nothing collected.
+        assert_eq!(sweep(&c, &pool).await.2, 0, "{level}");
+        w.batch_execute("COMMIT")
+            .await
+            .unwrap_or_else(|e| panic!("{level}: commit: {e:?}"));
+        let (_, _, deleted, ..) = sweep(&c, &pool).await;
+        assert_eq!(
+            deleted, 1,
+            "{level}: the released, unnamed key was not collected"
+        );
+    }
+}
