@@ -10,7 +10,7 @@
 -- (one that fails aborts the call, cause 'liveness_table_invalid'); reap
 -- expired pins and abandoned uploads; in a 'queue' pool review at most
 -- `max_keys` due rows of its review queue (`reviewed`; alkblobs.review),
--- staging the unprotected keys under a mark sealed at once; mark one
+-- staging the unprotected keys under a mark sealed once they are staged; mark one
 -- slice of at most `max_keys` entries after the pool's persisted mark
 -- cursor and stage the unprotected ones — in every call of a 'mark' pool,
 -- in a 'queue' pool's only during an audit (`audit` says why it runs,

@@ -42,3 +42,20 @@ pub fn options(tag: &str) -> S3Options {
 pub fn server_script() -> String {
     std::env::var("ALKBLOBS_S3_SERVER").expect("ALKBLOBS_S3_SERVER is not set")
 }
+
+/// A fresh s3 pool of the test database (`alkblobs_tests::pg`): window 0,
+/// pin TTL `ttl`, at a fresh location; fleet unless `single_instance`.
+#[cfg(feature = "pg")]
+pub async fn pool(tag: &str, ttl: &str, single_instance: bool) -> (String, S3Location) {
+    let c = crate::pg::connect().await;
+    crate::pg::ensure_extension(&c).await;
+    let name = crate::pg::unique(tag);
+    let loc = location(tag);
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', $2::text::interval, 's3', single_instance => $3, large_location => $4)",
+        &[&name, &ttl, &single_instance, &loc.to_string()],
+    )
+    .await
+    .expect("create an s3 pool");
+    (name, loc)
+}

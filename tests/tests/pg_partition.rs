@@ -19,11 +19,8 @@ use std::time::{Duration, Instant};
 use alkblobs::backend::s3::S3Options;
 use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::{Key, Store, SweepOptions};
-use alkblobs_tests::pg::{
-    all_named_keys_present, connect, ensure_extension, exists, register, table_name, unique, url,
-};
+use alkblobs_tests::pg::{all_named_keys_present, connect, exists, register, table_name, url};
 use alkblobs_tests::proc::Helper;
-use alkblobs_tests::s3::location;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const HELPER: &str = env!("CARGO_BIN_EXE_alkblobs-test-helper");
@@ -195,16 +192,8 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_instance_neither_publishes_nor_references_what_was_collected() {
     let c = connect().await;
-    ensure_extension(&c).await;
-    let pool = unique("partition");
-    let loc = location("partition");
     // Pin TTL 2 s, window 0: the sweeps during the cut may act at once.
-    c.execute(
-        "SELECT alkblobs_create_pool($1, '0 seconds', '2 seconds', 's3', large_location => $2)",
-        &[&pool, &loc.to_string()],
-    )
-    .await
-    .unwrap();
+    let (pool, loc) = alkblobs_tests::s3::pool("partition", "2 seconds", false).await;
     let table = table_name(&pool, "refs");
     c.batch_execute(&format!("CREATE TABLE {table} (key bytea NOT NULL)"))
         .await

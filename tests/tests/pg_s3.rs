@@ -22,17 +22,7 @@ const TIERED: Config = Config {
 
 /// A fresh s3 pool (window 0 s) at a fresh prefix: its name and location.
 async fn s3_pool(tag: &str, single_instance: bool) -> (String, S3Location) {
-    let c = connect().await;
-    ensure_extension(&c).await;
-    let name = unique(tag);
-    let loc = location(tag);
-    c.execute(
-        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', 's3', single_instance => $2, large_location => $3)",
-        &[&name, &single_instance, &loc.to_string()],
-    )
-    .await
-    .expect("create an s3 pool");
-    (name, loc)
+    alkblobs_tests::s3::pool(tag, "60 seconds", single_instance).await
 }
 
 fn s3(loc: &S3Location) -> S3Options {

@@ -11,21 +11,12 @@ use std::time::Duration;
 use alkblobs::backend::s3::S3Options;
 use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::{Key, Store, SweepOptions};
-use alkblobs_tests::pg::{cluster, connect, ensure_extension, eventually, unique, url};
-use alkblobs_tests::s3::location;
+use alkblobs_tests::pg::{cluster, connect, eventually, url};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_restart_between_an_s3_pin_and_its_publish_loses_nothing() {
     let c = connect().await;
-    ensure_extension(&c).await;
-    let pool = unique("pgs3-restart");
-    let loc = location("pgs3-restart");
-    c.execute(
-        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', 's3', large_location => $2)",
-        &[&pool, &loc.to_string()],
-    )
-    .await
-    .unwrap();
+    let (pool, loc) = alkblobs_tests::s3::pool("pgs3-restart", "60 seconds", false).await;
     let store = Store::open_fleet(
         FleetOptions::new(
             url(),
