@@ -41,7 +41,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-step() { printf '\n==> %s (%ss)\n' "$*" "$(( $(date +%s) - start ))"; }
+# Each step also prints the disk left: a run that fills the disk fails in a
+# linker, far from its cause.
+step() { printf '\n==> %s (%ss, %s free)\n' "$*" "$(( $(date +%s) - start ))" "$(df -h --output=avail . | tail -1 | tr -d ' ')"; }
 
 step "installing prerequisites and the extension; Garage (the S3 server) builds beside the rest"
 # Garage is a Rust program from the Rust registry: a fresh machine builds it
