@@ -115,7 +115,14 @@ CREATE TABLE alkblobs.pools (
     -- called), why the one under way runs, and when the last ended.
     audit_every    interval CONSTRAINT audit_every_positive CHECK (audit_every > interval '0'),
     audit_running  text,
-    last_audit     timestamptz
+    last_audit     timestamptz,
+    -- A pool with a shared large tier ('local', 's3'): since when a node
+    -- with the tier should list it, to stage files nobody recorded (found
+    -- only by listing: every file a fleet put writes is recorded first).
+    -- Set at creation and whenever a mark seals — every sweep of a 'mark'
+    -- pool, only audits of a 'queue' one; cleared by the listing
+    -- (alkblobs_tier_listed). NULL: no listing due.
+    tier_listing_due timestamptz
 );
 
 -- Per-pool grants: `access` is 'read', 'write' (and read), 'sweep' (and

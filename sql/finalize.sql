@@ -10,7 +10,8 @@ SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_by
        p.id AS pool_id, p.sweep_every, p.history_keep, p.warn_after, p.critical_after,
        p.large_location, p.collector, p.audit_every, p.last_audit,
        coalesce(p.audit_running, (SELECT alkblobs.audit_reason(array_agg(a.reason ORDER BY a.id))
-                                    FROM alkblobs.audit_requests a WHERE a.pool = p.id)) AS audit_pending
+                                    FROM alkblobs.audit_requests a WHERE a.pool = p.id)) AS audit_pending,
+       p.tier_listing_due
   FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner
  WHERE alkblobs.may(p, 'read');
 
@@ -248,6 +249,7 @@ GRANT EXECUTE ON FUNCTION
   TO alkblobs_writer;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_stage(text, bytea[]),
+    @extschema@.alkblobs_tier_listed(text, timestamptz),
     @extschema@.alkblobs_claim_local(text, integer),
     @extschema@.alkblobs_local_deleting(text, bytea[]),
     @extschema@.alkblobs_local_deleting_generations(text, bytea[]),

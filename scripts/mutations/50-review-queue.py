@@ -121,4 +121,20 @@ MUTATIONS = [
       replace="         WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NULL\n           AND true OR EXISTS (SELECT 1 FROM alkblobs.pins pn",
       kind="ext",
       tests=[("pg_partition", "")]),
+    # The shared tier is listed once per sealed mark (an audit, in a
+    # 'queue' pool), not in every sweep, and not never.
+    M(id="tier-listed-every-sweep",
+      what="a fleet sweep lists its shared tier whether or not a listing is due",
+      file="client/src/arbiter/fleet/shared_tier.rs",
+      find="        if !r.get::<_, bool>(0) {",
+      replace="        if !r.get::<_, bool>(0) && false {",
+      kind="rust",
+      tests=["a_queue_pools_shared_tier_is_listed_after_audits_only"]),
+    M(id="tier-listing-not-due-after-audit",
+      what="an audit's seal does not make a listing of the shared tier due",
+      file="sql/api/90-sweep.sql",
+      find="tier_listing_due = CASE WHEN p.large_tier IN ('local', 's3') THEN v_mark_end END",
+      replace="tier_listing_due = NULL",
+      kind="ext",
+      tests=["a_queue_pools_shared_tier_is_listed_after_audits_only"]),
 ]

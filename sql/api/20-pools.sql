@@ -221,10 +221,11 @@ BEGIN
     END IF;
     INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode,
                                 sweep_every, history_keep, warn_after, critical_after, seen_incarnation, seen_start,
-                                large_location, collector, audit_every)
+                                large_location, collector, audit_every, tier_listing_due)
     VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'),
-            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time(), $11, v_collector, nullif($13, interval '0'));
+            alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time(), $11, v_collector, nullif($13, interval '0'),
+            CASE WHEN $4 IN ('local', 's3') AND NOT $6 THEN clock_timestamp() END);
     INSERT INTO alkblobs.sweep_state (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     INSERT INTO alkblobs.pool_locks (pool) SELECT p.id FROM alkblobs.pools p WHERE p.name = $1;
     PERFORM alkblobs.notice_if_unscheduled($1, nullif($7, interval '0'));

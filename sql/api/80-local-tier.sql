@@ -50,6 +50,27 @@ BEGIN
     RETURN n;
 END $$;
 
+-- A node with the pool's shared tier listed all of it from `listed_from`
+-- on (a time this database gave it, read before the listing began) and
+-- staged what it found with alkblobs_stage: the listing that was due is
+-- done, unless a mark sealed after `listed_from` (its listing is still
+-- due). Returns whether one is still due. Sweep access.
+CREATE FUNCTION @extschema@.alkblobs_tier_listed(pool text, listed_from timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+    due timestamptz;
+BEGIN
+    PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_tier_listed');
+    PERFORM alkblobs.not_null($2, 'listed_from');
+    UPDATE alkblobs.pools p SET tier_listing_due = NULL
+     WHERE p.id = pl.id AND p.tier_listing_due <= $2;
+    SELECT p.tier_listing_due INTO due FROM alkblobs.pools p WHERE p.id = pl.id;
+    RETURN due IS NOT NULL;
+END $$;
+
 -- Of `ks` (whose entry or staged rows this transaction holds FOR UPDATE),
 -- the keys that must not be deleted now: an un-expired pin, a row in a
 -- registered liveness table (a new statement: READ COMMITTED sees every

@@ -226,8 +226,13 @@ BEGIN
             -- Seal: the window runs from the end of the mark.
             v_mark_end := clock_timestamp();
             UPDATE alkblobs.marks mk SET mark_end = v_mark_end WHERE mk.id = v_mark_id;
+            -- A shared tier's files nobody recorded are found by listing
+            -- the tier, which a node with the tier does once a mark sealed
+            -- (alkblobs_tier_listed): an audit's, or every sweep's in a
+            -- 'mark' pool.
             UPDATE alkblobs.pools p SET open_mark = NULL, mark_cursor = NULL, audit_running = NULL,
-                                        last_audit = CASE WHEN audit IS NULL THEN p.last_audit ELSE v_mark_end END
+                                        last_audit = CASE WHEN audit IS NULL THEN p.last_audit ELSE v_mark_end END,
+                                        tier_listing_due = CASE WHEN p.large_tier IN ('local', 's3') THEN v_mark_end END
              WHERE p.id = pl.id;
         ELSE
             UPDATE alkblobs.pools p SET open_mark = v_mark_id, mark_cursor = v_last, audit_running = audit WHERE p.id = pl.id;

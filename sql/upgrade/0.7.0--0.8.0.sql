@@ -167,6 +167,10 @@ ALTER TABLE alkblobs.pools
     ADD COLUMN last_audit timestamptz;
 -- Existing pools audit daily too, as new ones do (alkblobs_create_pool).
 UPDATE alkblobs.pools p SET audit_every = interval '1 day' WHERE p.mode = 'fleet';
+-- A shared tier is listed after an audit, not in every sweep (every pool
+-- starts with one listing due).
+ALTER TABLE alkblobs.pools ADD COLUMN tier_listing_due timestamptz;
+UPDATE alkblobs.pools p SET tier_listing_due = clock_timestamp() WHERE p.large_tier IN ('local', 's3') AND p.mode = 'fleet';
 CREATE TABLE alkblobs.review_queue (
     pool      integer NOT NULL,
     id        bigint GENERATED ALWAYS AS IDENTITY,

@@ -661,3 +661,96 @@ async fn instances_killed_mid_put_leave_nothing_torn_in_any_tier() {
         s.close().await.unwrap();
     }
 }
+
+/// A shared tier is listed (to find files nobody recorded) once a mark
+/// seals — in a `queue` pool, an audit — and not in every sweep: a file
+/// put on the tier by hand is staged by no sweep until an audit runs, and
+/// by the first sweep after it. (Without `tier_listing_due` every sweep
+/// lists the tier, and the first check fails.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_pools_shared_tier_is_listed_after_audits_only() {
+    use alkblobs::LargeBackend;
+    use alkblobs::backend::local::{LocalBackend, LocalOptions};
+    let c = connect().await;
+    let pool = fleet_pool("fl-listing", "60 seconds", "local").await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, collector => 'queue', audit_every => '0')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let media = dir.path().join("large");
+    let s = open(&pool, FleetLarge::SharedLocal(media.clone())).await;
+    let due = async |c: &Client| -> bool {
+        c.query_one(
+            "SELECT tier_listing_due IS NOT NULL FROM alkblobs_pools WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    assert!(due(&c).await, "a new shared-tier pool has a listing due");
+    // The first sweep lists the (empty) tier; the listing is then done.
+    let r = s.sweep(now()).await.unwrap();
+    assert!(r.aborted.is_none(), "{r:?}");
+    // (Any audit the collector switch asked for has run and sealed: that
+    // listing may be due again; one more sweep does it.)
+    if due(&c).await {
+        s.sweep(now()).await.unwrap();
+    }
+    assert!(!due(&c).await, "a sweep did the listing that was due");
+
+    // A file copied onto the tier by hand: no pin, no record, no event.
+    let by_hand = LocalBackend::open(&media, LocalOptions::default().shared_media(true))
+        .await
+        .unwrap();
+    let v = b"copied in by hand, never put".repeat(100);
+    let k = Key::of(&v);
+    let mut w = by_hand.begin_write().await.unwrap();
+    w.write(bytes::Bytes::from(v)).await.unwrap();
+    w.commit(&k).await.unwrap();
+    let path = by_hand.path_of(&k);
+    let staged = async |c: &Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM alkblobs_staged WHERE pool = $1 AND key = $2",
+            &[&pool, &k.to_hex()],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    for _ in 0..2 {
+        let r = s.sweep(now()).await.unwrap();
+        assert!(r.aborted.is_none() && r.audit.is_none(), "{r:?}");
+        assert_eq!(
+            staged(&c).await,
+            0,
+            "a sweep without an audit listed the tier"
+        );
+        assert!(path.exists());
+    }
+    // An audit: its sweep stages the file when it seals (window 0 s), the
+    // next sweep claims and unlinks it.
+    c.execute("SELECT alkblobs_request_audit($1)", &[&pool])
+        .await
+        .unwrap();
+    let r = s.sweep(now()).await.unwrap();
+    assert!(r.aborted.is_none() && r.audit.is_some(), "{r:?}");
+    assert!(due(&c).await, "the audit's seal makes a listing due");
+    let r = s.sweep(now()).await.unwrap();
+    assert!(r.aborted.is_none(), "{r:?}");
+    assert!(
+        r.staged >= 1,
+        "the listing after the audit staged the file: {r:?}"
+    );
+    assert!(!due(&c).await);
+    let r = s.sweep(now()).await.unwrap();
+    assert!(r.aborted.is_none(), "{r:?}");
+    assert!(
+        !path.exists(),
+        "the file found by the audit's listing was deleted: {r:?}"
+    );
+    s.close().await.unwrap();
+}

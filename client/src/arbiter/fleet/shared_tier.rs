@@ -57,9 +57,47 @@ impl FleetArbiter {
         Ok(())
     }
 
+    /// Lists the shared tier and stages what it holds when the pool says a
+    /// listing is due (`tier_listing_due`: since a mark sealed, which in
+    /// a `queue` pool is an audit), then says it is done. A node without
+    /// the tier lists nothing. Listing is the only way to find a file
+    /// nobody recorded (a put records its file before writing it), so it
+    /// follows the audits and not every sweep.
+    pub(super) async fn list_tier_if_due(&self, pool: &Pool) -> Result<u64> {
+        let s = &self.shared;
+        if pool.large().is_none() {
+            return Ok(0);
+        }
+        let rows =
+            s.pg.rows(
+                &s.pg,
+                None,
+                "SELECT p.tier_listing_due IS NOT NULL, clock_timestamp() \
+                 FROM alkblobs_pools p WHERE p.pool = $1",
+                &[(&s.info.name, Type::TEXT)],
+            )
+            .await?;
+        let Some(r) = rows.first() else {
+            return Ok(0);
+        };
+        if !r.get::<_, bool>(0) {
+            return Ok(0);
+        }
+        let from: std::time::SystemTime = r.get(1);
+        let staged = self.stage_local_files(pool).await?;
+        s.pg.rows(
+            &s.pg,
+            None,
+            "SELECT alkblobs_tier_listed($1, $2)",
+            &[(&s.info.name, Type::TEXT), (&from, Type::TIMESTAMPTZ)],
+        )
+        .await?;
+        Ok(staged)
+    }
+
     /// Stages the local tier's files through the extension (it stages only
     /// keys that are not entries, pinned, staged or live).
-    pub(super) async fn stage_local_files(&self, pool: &Pool) -> Result<u64> {
+    async fn stage_local_files(&self, pool: &Pool) -> Result<u64> {
         let s = &self.shared;
         let Some(large) = pool.large() else {
             return Ok(0);

@@ -29,7 +29,7 @@ impl FleetArbiter {
                 report.reclaimed += engine.reclaim_abandoned().await?;
             }
             if self.shared_tier() {
-                report.staged += self.stage_local_files(pool).await?;
+                report.staged += self.list_tier_if_due(pool).await?;
             }
         }
         let mut marking = true;
