@@ -248,6 +248,23 @@ CREATE TABLE alkblobs.review_queue (
     PRIMARY KEY (pool, id)
 );
 CREATE INDEX review_queue_by_key ON alkblobs.review_queue (pool, key);
+-- Liveness rows deleted or moved off a key (0.8.0): the guard appends the
+-- table and the key, and nothing else — no lookup of which pools the table
+-- feeds, which is what a deleted row would otherwise pay for (most of the
+-- guard's cost on a delete, measured). Each sweep call of a fleet pool
+-- routes the rows of the tables it is fed by into review_queue rows of the
+-- 'queue' pools those tables (or tables they are partitions of) feed at
+-- that moment, in the transaction that deletes them
+-- (alkblobs.route_released): a row is moved, never dropped, unless no
+-- 'queue' pool is fed by its table. A table unregistered, detached or
+-- dropped in between asked for an audit, which finds what the routing can
+-- no longer tell; its rows are dropped.
+CREATE TABLE alkblobs.released (
+    relid regclass NOT NULL,
+    id    bigint GENERATED ALWAYS AS IDENTITY,
+    key   bytea NOT NULL,
+    PRIMARY KEY (relid, id)
+);
 -- Audits asked for (0.8.0): an event that cannot be queued key by key (a
 -- liveness table truncated, dropped, unregistered or altered, a restore,
 -- the upgrade) or alkblobs_audit, a row each, appended (nothing waits for
@@ -439,6 +456,8 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.marks_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.staged', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.released', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.released_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.audit_requests_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.uploads', '');

@@ -63,8 +63,12 @@ pub struct Guards {
     /// A pin row deleted — released (`alkblobs_unpin`) or reaped when
     /// expired — queues its key for review (the trigger `queue_released`).
     pub released_pins_queue: bool,
-    /// A liveness row deleted queues its key (the guard's DELETE branch).
+    /// A liveness row deleted appends its key to `alkblobs.released` (the
+    /// guard's DELETE branch).
     pub deleted_rows_queue: bool,
+    /// A sweep call routes appended deletions into the review queue
+    /// (`alkblobs.route_released`) instead of dropping them.
+    pub deletions_routed: bool,
 }
 
 impl Guards {
@@ -78,6 +82,7 @@ impl Guards {
         generation_fences: true,
         released_pins_queue: true,
         deleted_rows_queue: true,
+        deletions_routed: true,
     };
 }
 
@@ -131,6 +136,9 @@ pub struct FleetState {
     pub staged: Staged,
     /// The key's row in `alkblobs.review_queue` (the `queue` collector).
     pub queued: bool,
+    /// The key's row in `alkblobs.released`: a liveness row deleted, not
+    /// yet routed to the queue.
+    pub released: bool,
     /// An execution deleted the entry while a live pin or a liveness row
     /// protected it.
     pub lost: bool,
@@ -161,6 +169,11 @@ pub enum FleetAction {
     LivenessDelete,
     /// `alkblobs_sweep`'s mark stages the key if nothing protects it.
     AlkblobsSweepMark,
+    /// `alkblobs_sweep`'s routing of the key's `alkblobs.released` row into
+    /// the review queue (`alkblobs.route_released`; in the same call as the
+    /// review, before it: here a step of its own, which allows more
+    /// interleavings, not fewer).
+    AlkblobsRouteReleased,
     /// `alkblobs_sweep`'s review of the key's queue row (`alkblobs.review`):
     /// stages the key if the pool holds it and nothing protects it, and
     /// deletes the row either way.
@@ -185,12 +198,14 @@ impl FleetState {
         self.live_row || self.pins.contains(&Pin::Live)
     }
 
-    /// An unprotected entry some sweep will find: queued, staged, or held
-    /// by an expired pin row whose reaping will queue it.
+    /// An unprotected entry some sweep will find: queued, released (to be
+    /// routed), staged, or held by an expired pin row whose reaping will
+    /// queue it.
     fn accounted(&self) -> bool {
         !self.entry
             || self.protected()
             || self.queued
+            || self.released
             || self.staged != Staged::None
             || self.pins.contains(&Pin::Expired)
     }
@@ -208,6 +223,7 @@ impl Model for Fleet {
             live_row: false,
             staged: Staged::None,
             queued: false,
+            released: false,
             lost: false,
             collected: false,
         }]
@@ -247,6 +263,9 @@ impl Model for Fleet {
         }
         if self.collector == Collector::Queue && s.queued {
             actions.push(AlkblobsSweepReview);
+        }
+        if s.released {
+            actions.push(AlkblobsRouteReleased);
         }
     }
 
@@ -302,7 +321,11 @@ impl Model for Fleet {
             }
             LivenessDelete => {
                 n.live_row = false;
-                n.queued |= self.queues(g.deleted_rows_queue);
+                n.released |= self.queues(g.deleted_rows_queue);
+            }
+            AlkblobsRouteReleased => {
+                n.released = false;
+                n.queued |= g.deletions_routed;
             }
             AlkblobsSweepReview => {
                 n.queued = false;

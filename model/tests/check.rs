@@ -143,7 +143,7 @@ fn each_fleet_guard_is_needed() {
 /// would ever collect it; the audit, left out of the model, would).
 #[test]
 fn each_enqueue_is_needed() {
-    let cases: [Case; 2] = [
+    let cases: [Case; 3] = [
         (
             "released and reaped pins queue their key",
             |g| g.released_pins_queue = false,
@@ -152,6 +152,11 @@ fn each_enqueue_is_needed() {
         (
             "deleted liveness rows queue their key",
             |g| g.deleted_rows_queue = false,
+            "every unprotected entry is queued, staged or awaiting its reaping",
+        ),
+        (
+            "appended deletions are routed to the queue",
+            |g| g.deletions_routed = false,
             "every unprotected entry is queued, staged or awaiting its reaping",
         ),
     ];

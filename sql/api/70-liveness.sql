@@ -52,16 +52,14 @@ BEGIN
             gone := OLD.key;
         END IF;
     END IF;
-    -- The key a row left (deleted, or moved to another key): queued for
-    -- review in every 'queue' pool the table, or a table it is a partition
-    -- of, feeds. Appended here, not in a function of its own: this runs
-    -- for every row deleted from a registered table.
+    -- The key a row left (deleted, or moved to another key): appended with
+    -- the table, and routed to the review queue of every 'queue' pool the
+    -- table, or a table it is a partition of, feeds by the next sweep call
+    -- (alkblobs.route_released). Appended here, not in a function of its
+    -- own, and with no lookup: this runs for every row deleted from a
+    -- registered table.
     IF length(gone) = 32 THEN
-        INSERT INTO alkblobs.review_queue (pool, key)
-        SELECT DISTINCT l.pool, gone
-          FROM alkblobs.liveness l JOIN alkblobs.pools p ON p.id = l.pool
-         WHERE (l.relid = TG_RELID OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(TG_RELID) a))
-           AND p.collector = 'queue' AND p.mode = 'fleet';
+        INSERT INTO alkblobs.released (relid, key) VALUES (TG_RELID, gone);
     END IF;
     IF k IS NULL OR length(k) <> 32 THEN
         RETURN NULL;

@@ -14,7 +14,10 @@
 --     and never referenced is queued when that pin goes; a row inserted
 --     by hand with no pin is found by the next audit;
 --   * a liveness row deleted, or updated to another key: the guard
---     (alkblobs_registration.liveness_guard, AFTER … OR DELETE);
+--     (alkblobs_registration.liveness_guard, AFTER … OR DELETE) appends
+--     it to alkblobs.released, and the next sweep call of any fleet pool
+--     routes it to the queues of the pools its table feeds
+--     (alkblobs.route_released);
 --   * the executor deleting an entry whose key also has a file record.
 -- Events that cannot be told key by key ask for an audit instead (the full
 -- mark: alkblobs.request_audit): a registered table truncated, dropped,
@@ -53,6 +56,55 @@ CREATE OR REPLACE TRIGGER queue_released AFTER DELETE ON alkblobs.pins
 -- it (alkblobs_audit).
 ALTER TABLE alkblobs.pins ENABLE ALWAYS TRIGGER queue_released;
 
+-- Routes liveness deletions (alkblobs.released) of the tables pool p is
+-- fed by — its registered tables and their partitions — to the review
+-- queue of every 'queue' fleet pool those tables feed (p's own and any
+-- other's), deleting them in the same transaction: a row is moved, never
+-- lost, unless no such pool exists (a table that feeds only 'mark' pools).
+-- At most max_rows, oldest first; rows another pool's router holds (a
+-- table both feed) are passed over, not waited for. Also drops up to
+-- max_rows of the oldest rows whose table feeds no pool any more
+-- (unregistered, dropped or detached since: each asked for an audit). Only
+-- p's own tables' rows are taken, so the sweeps of pools that share no
+-- table never meet here. Returns the rows routed.
+CREATE FUNCTION alkblobs.route_released(p integer, max_rows integer) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    rels oid[];
+    n bigint;
+BEGIN
+    SELECT array_agg(DISTINCT x.relid) INTO rels FROM (
+        SELECT l.relid::oid AS relid FROM alkblobs.liveness l WHERE l.pool = p
+        UNION ALL
+        SELECT t.relid::oid FROM alkblobs.liveness l, pg_catalog.pg_partition_tree(l.relid) t WHERE l.pool = p) x;
+    WITH taken AS (
+        DELETE FROM alkblobs.released r
+         WHERE (r.relid, r.id) IN (
+               SELECT x.relid, x.id FROM alkblobs.released x
+                WHERE x.relid::oid = ANY (coalesce(rels, '{}'))
+                ORDER BY x.id LIMIT max_rows FOR UPDATE SKIP LOCKED)
+        RETURNING r.relid, r.key),
+    routed AS (
+        INSERT INTO alkblobs.review_queue (pool, key)
+        SELECT DISTINCT l.pool, t.key
+          FROM taken t
+          JOIN alkblobs.liveness l
+            ON l.relid = t.relid OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(t.relid) a)
+          JOIN alkblobs.pools pl ON pl.id = l.pool
+         WHERE pl.collector = 'queue' AND pl.mode = 'fleet'
+        RETURNING 1)
+    SELECT count(*) INTO n FROM taken;
+    DELETE FROM alkblobs.released r
+     WHERE (r.relid, r.id) IN (
+           SELECT x.relid, x.id FROM (
+               SELECT y.relid, y.id FROM alkblobs.released y LIMIT max_rows FOR UPDATE SKIP LOCKED) x
+            WHERE NOT EXISTS (
+                SELECT 1 FROM alkblobs.liveness l
+                 WHERE l.relid = x.relid OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(x.relid) a)));
+    RETURN n;
+END $$;
+
 -- Asks for an audit of pool p (a 'queue' fleet pool; others ignore it),
 -- saying why: the next sweep call starts one once the audit under way (if
 -- any) is done, for every request committed by then. An appended row,
@@ -82,8 +134,9 @@ $$;
 -- and no liveness row protects now and that no mark has staged yet are
 -- staged under mark `mark_id` (counted only, on a dry run). Shared by the
 -- mark's slices and the queue's reviews. `missed` (counted when asked): of
--- those, the ones no queue row and no pin row (expired or not) accounts
--- for — on an audit, the events the queue missed.
+-- those, the ones no queue row, no row still to be routed
+-- (alkblobs.released, any table's) and no pin row (expired or not)
+-- accounts for — on an audit, the events the queue missed.
 CREATE FUNCTION alkblobs.stage_unprotected(
     p integer, ks bytea[], tiers text[], mark_id bigint, dry boolean, live_sql text, count_missed boolean,
     OUT pinned bigint, OUT candidates bigint, OUT staged bigint, OUT missed bigint)
@@ -119,6 +172,7 @@ BEGIN
                CASE WHEN $7 THEN (
                    SELECT count(*) FROM fresh f
                     WHERE NOT EXISTS (SELECT 1 FROM alkblobs.review_queue q WHERE q.pool = $1 AND q.key = f.key)
+                      AND NOT EXISTS (SELECT 1 FROM alkblobs.released r WHERE r.key = f.key)
                       AND NOT EXISTS (SELECT 1 FROM alkblobs.pins pn WHERE pn.pool = $1 AND pn.key = f.key)) END$q$,
         live_sql)
       INTO pinned, candidates, staged, missed

@@ -143,7 +143,13 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- 2. A 'queue' pool's review: the keys events queued (85-review.sql).
+    -- 2. Liveness deletions appended since the last call are routed to
+    -- the queues of the pools they concern (any fleet pool's call does
+    -- it: they are no pool's until then). Then a 'queue' pool's review:
+    -- the keys events queued (85-review.sql).
+    IF NOT v_dry THEN
+        PERFORM alkblobs.route_released(pl.id, v_keys);
+    END IF;
     IF pl.collector = 'queue' THEN
         SELECT * INTO rv FROM alkblobs.review(pl, v_keys, v_dry, live_sql);
         reviewed := rv.reviewed;

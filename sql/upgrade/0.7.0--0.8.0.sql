@@ -182,6 +182,15 @@ CREATE INDEX review_queue_by_key ON alkblobs.review_queue (pool, key);
 REVOKE ALL ON alkblobs.review_queue FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue_id_seq', '');
+CREATE TABLE alkblobs.released (
+    relid regclass NOT NULL,
+    id    bigint GENERATED ALWAYS AS IDENTITY,
+    key   bytea NOT NULL,
+    PRIMARY KEY (relid, id)
+);
+REVOKE ALL ON alkblobs.released FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.released', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.released_id_seq', '');
 CREATE TABLE alkblobs.audit_requests (
     pool         integer NOT NULL,
     id           bigint GENERATED ALWAYS AS IDENTITY,

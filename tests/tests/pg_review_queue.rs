@@ -56,8 +56,15 @@ async fn sweep(c: &Client, pool: &str) -> (i64, i64, i64, Option<String>, Option
     (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
 }
 
-/// Whether `k` has a row in `pool`'s review queue.
+/// Whether `k` has a row in `pool`'s review queue, once the liveness
+/// deletions appended so far are routed (as every sweep call does first).
 async fn queued(c: &Client, pool: &str, k: &[u8]) -> bool {
+    c.execute(
+        "SELECT alkblobs.route_released(p.id, 1000000) FROM alkblobs.pools p WHERE p.name = $1",
+        &[&pool],
+    )
+    .await
+    .unwrap();
     c.query_one(
         "SELECT EXISTS (SELECT 1 FROM alkblobs.review_queue q JOIN alkblobs.pools p ON p.id = q.pool
                          WHERE p.name = $1 AND q.key = $2)",
@@ -194,6 +201,94 @@ async fn a_deleted_liveness_row_queues_its_key() {
     assert!(
         exists(&c, &pool, &both).await,
         "a key a partition still names was collected"
+    );
+}
+
+/// A liveness row deleted is appended with its table only (no lookup in
+/// the writer's path) and routed by the next sweep call of a pool its
+/// table feeds, which reviews it in the same call and collects the key.
+/// A 'mark' pool's sweep routes its own tables' deletions away, and any
+/// sweep drops those of a table that feeds no pool any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_deletions_are_routed_by_any_sweep_and_collected() {
+    let c = connect().await;
+    let appended = async |c: &Client, t: &str| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM alkblobs.released WHERE relid = $1::text::regclass",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    let (pool, table) = qpool_with_table(&c, "q-route").await;
+    let k = garbage(&c, &pool, b"q-route").await;
+    reference(&c, &table, &k).await.unwrap();
+    // Its pin's release queued it; this review finds it referenced.
+    let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!((reviewed, deleted), (1, 0));
+    c.execute(&format!("DELETE FROM {table}"), &[])
+        .await
+        .unwrap();
+    assert_eq!(appended(&c, &table).await, 1);
+    let (reviewed, _, deleted, ..) = sweep(&c, &pool).await;
+    assert_eq!(
+        (reviewed, deleted),
+        (1, 1),
+        "the sweep did not route and review the deletion"
+    );
+    assert_eq!(appended(&c, &table).await, 0);
+    assert!(!exists(&c, &pool, &k).await);
+
+    // A table of a 'mark' pool: its own sweep empties it.
+    let other = unique("q-route-mark");
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', collector => 'mark')",
+        &[&other],
+    )
+    .await
+    .unwrap();
+    let mtable = table_name(&other, "refs");
+    c.batch_execute(&format!("CREATE TABLE {mtable} (key bytea)"))
+        .await
+        .unwrap();
+    register(&c, &other, &mtable).await;
+    let m = garbage(&c, &other, b"q-route in mark").await;
+    reference(&c, &mtable, &m).await.unwrap();
+    c.execute(&format!("DELETE FROM {mtable}"), &[])
+        .await
+        .unwrap();
+    assert_eq!(appended(&c, &mtable).await, 1);
+    let r = c
+        .query_one("SELECT aborted FROM alkblobs_sweep($1)", &[&other])
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, Option<String>>(0), None);
+    assert_eq!(
+        appended(&c, &mtable).await,
+        0,
+        "a mark pool's table's deletion was kept"
+    );
+
+    // A table unregistered after a deletion: any sweep drops the row.
+    let (gone_pool, gone) = qpool_with_table(&c, "q-route-gone").await;
+    let g = garbage(&c, &gone_pool, b"q-route gone").await;
+    reference(&c, &gone, &g).await.unwrap();
+    c.execute(&format!("DELETE FROM {gone}"), &[])
+        .await
+        .unwrap();
+    c.execute(
+        "SELECT alkblobs_unregister_liveness($1, $2::text::regclass)",
+        &[&gone_pool, &gone],
+    )
+    .await
+    .unwrap();
+    assert_eq!(appended(&c, &gone).await, 1);
+    sweep(&c, &pool).await;
+    assert_eq!(
+        appended(&c, &gone).await,
+        0,
+        "an unregistered table's deletion was kept"
     );
 }
 
