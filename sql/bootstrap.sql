@@ -260,9 +260,10 @@ CREATE INDEX review_queue_by_key ON alkblobs.review_queue (pool, key);
 -- dropped in between asked for an audit, which finds what the routing can
 -- no longer tell; its rows are dropped.
 CREATE TABLE alkblobs.released (
-    relid regclass NOT NULL,
-    id    bigint GENERATED ALWAYS AS IDENTITY,
-    key   bytea NOT NULL,
+    relid       regclass NOT NULL,
+    id          bigint GENERATED ALWAYS AS IDENTITY,
+    key         bytea NOT NULL,
+    released_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (relid, id)
 );
 -- Audits asked for (0.8.0): an event that cannot be queued key by key (a

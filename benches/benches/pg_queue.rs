@@ -57,7 +57,10 @@ fn main() {
     if std::env::var("ALKBLOBS_BENCH_QUEUE_WRITES").as_deref() != Ok("0") {
         write_path(&rt, &c, &url, tag);
     }
-    big_pool(&rt, &c, n, tag);
+    // (ALKBLOBS_BENCH_QUEUE_ENTRIES=0: the write path only.)
+    if n > 0 {
+        big_pool(&rt, &c, n, tag);
+    }
 }
 
 /// Section 1: the write path, paired against the same before the queue.

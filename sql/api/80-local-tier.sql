@@ -65,8 +65,10 @@ DECLARE
 BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_tier_listed');
     PERFORM alkblobs.not_null($2, 'listed_from');
+    -- (Never a time after now: a later one would clear listings of seals
+    -- to come.)
     UPDATE alkblobs.pools p SET tier_listing_due = NULL
-     WHERE p.id = pl.id AND p.tier_listing_due <= $2;
+     WHERE p.id = pl.id AND p.tier_listing_due <= least($2, clock_timestamp());
     SELECT p.tier_listing_due INTO due FROM alkblobs.pools p WHERE p.id = pl.id;
     RETURN due IS NOT NULL;
 END $$;

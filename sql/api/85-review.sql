@@ -56,53 +56,78 @@ CREATE OR REPLACE TRIGGER queue_released AFTER DELETE ON alkblobs.pins
 -- it (alkblobs_audit).
 ALTER TABLE alkblobs.pins ENABLE ALWAYS TRIGGER queue_released;
 
+-- The tables pool p is fed by, as the guard names them: its registered
+-- tables and, for a partitioned one, every partition below it.
+CREATE FUNCTION alkblobs.fed_by(p integer) RETURNS oid[]
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(array_agg(DISTINCT x.relid), '{}') FROM (
+        SELECT l.relid::oid AS relid FROM alkblobs.liveness l WHERE l.pool = p
+        UNION ALL
+        SELECT t.relid::oid FROM alkblobs.liveness l, pg_catalog.pg_partition_tree(l.relid) t WHERE l.pool = p) x
+$$;
+
 -- Routes liveness deletions (alkblobs.released) of the tables pool p is
--- fed by — its registered tables and their partitions — to the review
--- queue of every 'queue' fleet pool those tables feed (p's own and any
--- other's), deleting them in the same transaction: a row is moved, never
--- lost, unless no such pool exists (a table that feeds only 'mark' pools).
--- At most max_rows, oldest first; rows another pool's router holds (a
--- table both feed) are passed over, not waited for. Also drops up to
--- max_rows of the oldest rows whose table feeds no pool any more
--- (unregistered, dropped or detached since: each asked for an audit). Only
--- p's own tables' rows are taken, so the sweeps of pools that share no
--- table never meet here. Returns the rows routed.
+-- fed by to the review queue of every 'queue' fleet pool each table (or a
+-- table it is a partition of) feeds now — p's own and any other's —
+-- deleting them in the same statement: a row is moved, never lost, unless
+-- no such pool exists (a table that feeds only 'mark' pools). Each queue
+-- row keeps its event's time. At most max_rows, oldest first per table,
+-- the tables in a random order each call (one busy table cannot starve
+-- the others); rows another pool's router holds (a table both feed) are
+-- passed over, not waited for. Then drops up to max_rows rows of tables
+-- that feed no pool any more (unregistered, dropped or detached since:
+-- each asked for an audit), found among the oldest max_rows rows. Only p's
+-- own tables' rows are routed, so the sweeps of pools that share no table
+-- never meet here. Returns the rows routed.
 CREATE FUNCTION alkblobs.route_released(p integer, max_rows integer) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    rels oid[];
+    rel oid;
+    targets integer[];
+    budget bigint := max_rows;
     n bigint;
+    orphans oid[];
 BEGIN
-    SELECT array_agg(DISTINCT x.relid) INTO rels FROM (
-        SELECT l.relid::oid AS relid FROM alkblobs.liveness l WHERE l.pool = p
-        UNION ALL
-        SELECT t.relid::oid FROM alkblobs.liveness l, pg_catalog.pg_partition_tree(l.relid) t WHERE l.pool = p) x;
-    WITH taken AS (
+    FOR rel IN SELECT r FROM unnest(alkblobs.fed_by(p)) r ORDER BY random() LOOP
+        EXIT WHEN budget <= 0;
+        -- The pools this table's rows go to (one lookup per table, not
+        -- per row).
+        SELECT coalesce(array_agg(DISTINCT l.pool), '{}') INTO targets
+          FROM alkblobs.liveness l JOIN alkblobs.pools pl ON pl.id = l.pool
+         WHERE (l.relid = rel OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(rel) a))
+           AND pl.collector = 'queue' AND pl.mode = 'fleet';
+        WITH taken AS (
+            DELETE FROM alkblobs.released r
+             WHERE (r.relid, r.id) IN (
+                   SELECT x.relid, x.id FROM alkblobs.released x
+                    WHERE x.relid = rel
+                    ORDER BY x.relid, x.id LIMIT budget FOR UPDATE SKIP LOCKED)
+            RETURNING r.key, r.released_at),
+        routed AS (
+            INSERT INTO alkblobs.review_queue (pool, key, queued_at)
+            SELECT t.pool, t.key, min(t.released_at)
+              FROM (SELECT q.pool, taken.key, taken.released_at FROM taken, unnest(targets) q(pool)) t
+             GROUP BY t.pool, t.key
+            RETURNING 1)
+        SELECT count(*) INTO n FROM taken;
+        budget := budget - n;
+    END LOOP;
+    -- Rows of tables no pool is fed by any more, among the oldest.
+    SELECT array_agg(DISTINCT o.relid::oid) INTO orphans FROM (
+        SELECT y.relid FROM alkblobs.released y ORDER BY y.released_at LIMIT max_rows) o
+     WHERE NOT EXISTS (
+        SELECT 1 FROM alkblobs.liveness l
+         WHERE l.relid = o.relid OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(o.relid) a));
+    IF orphans IS NOT NULL THEN
         DELETE FROM alkblobs.released r
          WHERE (r.relid, r.id) IN (
                SELECT x.relid, x.id FROM alkblobs.released x
-                WHERE x.relid::oid = ANY (coalesce(rels, '{}'))
-                ORDER BY x.id LIMIT max_rows FOR UPDATE SKIP LOCKED)
-        RETURNING r.relid, r.key),
-    routed AS (
-        INSERT INTO alkblobs.review_queue (pool, key)
-        SELECT DISTINCT l.pool, t.key
-          FROM taken t
-          JOIN alkblobs.liveness l
-            ON l.relid = t.relid OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(t.relid) a)
-          JOIN alkblobs.pools pl ON pl.id = l.pool
-         WHERE pl.collector = 'queue' AND pl.mode = 'fleet'
-        RETURNING 1)
-    SELECT count(*) INTO n FROM taken;
-    DELETE FROM alkblobs.released r
-     WHERE (r.relid, r.id) IN (
-           SELECT x.relid, x.id FROM (
-               SELECT y.relid, y.id FROM alkblobs.released y LIMIT max_rows FOR UPDATE SKIP LOCKED) x
-            WHERE NOT EXISTS (
-                SELECT 1 FROM alkblobs.liveness l
-                 WHERE l.relid = x.relid OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(x.relid) a)));
-    RETURN n;
+                WHERE x.relid::oid = ANY (orphans)
+                ORDER BY x.relid, x.id LIMIT max_rows FOR UPDATE SKIP LOCKED);
+    END IF;
+    RETURN max_rows - budget;
 END $$;
 
 -- Asks for an audit of pool p (a 'queue' fleet pool; others ignore it),
@@ -135,7 +160,7 @@ $$;
 -- staged under mark `mark_id` (counted only, on a dry run). Shared by the
 -- mark's slices and the queue's reviews. `missed` (counted when asked): of
 -- those, the ones no queue row, no row still to be routed
--- (alkblobs.released, any table's) and no pin row (expired or not)
+-- (alkblobs.released, of a table that feeds the pool) and no pin row (expired or not)
 -- accounts for — on an audit, the events the queue missed.
 CREATE FUNCTION alkblobs.stage_unprotected(
     p integer, ks bytea[], tiers text[], mark_id bigint, dry boolean, live_sql text, count_missed boolean,
@@ -172,7 +197,8 @@ BEGIN
                CASE WHEN $7 THEN (
                    SELECT count(*) FROM fresh f
                     WHERE NOT EXISTS (SELECT 1 FROM alkblobs.review_queue q WHERE q.pool = $1 AND q.key = f.key)
-                      AND NOT EXISTS (SELECT 1 FROM alkblobs.released r WHERE r.key = f.key)
+                      AND NOT EXISTS (SELECT 1 FROM alkblobs.released r
+                                       WHERE r.relid::oid = ANY (alkblobs.fed_by($1)) AND r.key = f.key)
                       AND NOT EXISTS (SELECT 1 FROM alkblobs.pins pn WHERE pn.pool = $1 AND pn.key = f.key)) END$q$,
         live_sql)
       INTO pinned, candidates, staged, missed

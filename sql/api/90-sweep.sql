@@ -52,6 +52,7 @@ DECLARE
     v_max integer := $3;
     v_mark boolean := $4;
     v_keys integer := $5;
+    v_routed bigint := 0;
     cs record;
     live_sql text;
     v_mark_id bigint;
@@ -148,7 +149,7 @@ BEGIN
     -- it: they are no pool's until then). Then a 'queue' pool's review:
     -- the keys events queued (85-review.sql).
     IF NOT v_dry THEN
-        PERFORM alkblobs.route_released(pl.id, v_keys);
+        v_routed := alkblobs.route_released(pl.id, v_keys);
     END IF;
     IF pl.collector = 'queue' THEN
         SELECT * INTO rv FROM alkblobs.review(pl, v_keys, v_dry, live_sql);
@@ -157,6 +158,13 @@ BEGIN
         pinned := rv.pinned;
         candidates := rv.candidates;
         staged := rv.staged;
+    END IF;
+    -- A full routing batch: more deletions may be waiting, so the caller
+    -- (alkblobs_sweep_all, the scheduler, the client, which call again
+    -- while a call reviewed a full batch) calls again, also for a pool
+    -- whose tables feed only 'mark' pools.
+    IF v_routed >= v_keys THEN
+        reviewed := greatest(reviewed, v_routed);
     END IF;
 
     -- 3. Mark one slice: in every call of a 'mark' pool; in a 'queue'

@@ -137,6 +137,17 @@ BEGIN
         IF old_uploads > 0 THEN
             why := why || format('%s uploads abandoned for longer than %s', old_uploads, warn_after);
         END IF;
+        IF pl.mode = 'fleet' THEN
+            -- Liveness deletions of its tables not routed (no sweep of it
+            -- has run, or its sweeps abort).
+            SELECT count(*) INTO n FROM (
+                SELECT 1 FROM alkblobs.released r
+                 WHERE r.relid::oid = ANY (alkblobs.fed_by(pl.id)) AND r.released_at + warn_after <= now_ts
+                 LIMIT 100000) x;
+            IF n > 0 THEN
+                why := why || format('%s liveness deletions waiting to be routed for longer than %s', n, warn_after);
+            END IF;
+        END IF;
         IF pl.collector = 'queue' AND pl.mode = 'fleet' THEN
             -- The review queue falling behind, and audits that found what
             -- it missed (a scheduled or requested audit finds nothing while

@@ -183,9 +183,10 @@ REVOKE ALL ON alkblobs.review_queue FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.review_queue_id_seq', '');
 CREATE TABLE alkblobs.released (
-    relid regclass NOT NULL,
-    id    bigint GENERATED ALWAYS AS IDENTITY,
-    key   bytea NOT NULL,
+    relid       regclass NOT NULL,
+    id          bigint GENERATED ALWAYS AS IDENTITY,
+    key         bytea NOT NULL,
+    released_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (relid, id)
 );
 REVOKE ALL ON alkblobs.released FROM PUBLIC;

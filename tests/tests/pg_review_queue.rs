@@ -254,10 +254,28 @@ async fn liveness_deletions_are_routed_by_any_sweep_and_collected() {
         .unwrap();
     register(&c, &other, &mtable).await;
     let m = garbage(&c, &other, b"q-route in mark").await;
-    reference(&c, &mtable, &m).await.unwrap();
+    for _ in 0..3 {
+        reference(&c, &mtable, &m).await.unwrap();
+    }
     c.execute(&format!("DELETE FROM {mtable}"), &[])
         .await
         .unwrap();
+    assert_eq!(appended(&c, &mtable).await, 3);
+    // A call routes at most max_keys, and a full batch says so (reviewed
+    // = max_keys: its caller calls again).
+    let r = c
+        .query_one(
+            "SELECT aborted, reviewed FROM alkblobs_sweep($1, max_keys => 2)",
+            &[&other],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, Option<String>>(0), None);
+    assert_eq!(
+        r.get::<_, i64>(1),
+        2,
+        "a full routing batch was not reported"
+    );
     assert_eq!(appended(&c, &mtable).await, 1);
     let r = c
         .query_one("SELECT aborted FROM alkblobs_sweep($1)", &[&other])
@@ -290,6 +308,44 @@ async fn liveness_deletions_are_routed_by_any_sweep_and_collected() {
         0,
         "an unregistered table's deletion was kept"
     );
+}
+
+/// Liveness deletions left unrouted past the pool's warn_after (no sweep
+/// has run) make health warn, until a sweep routes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrouted_deletions_make_health_warn() {
+    let c = connect().await;
+    let (pool, table) = qpool_with_table(&c, "q-unrouted").await;
+    let k = garbage(&c, &pool, b"q-unrouted").await;
+    reference(&c, &table, &k).await.unwrap();
+    sweep(&c, &pool).await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, warn_after => '1 second')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    c.execute(&format!("DELETE FROM {table}"), &[])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let reasons = async |c: &Client| -> String {
+        c.query_one(
+            "SELECT array_to_string(reasons, '; ') FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    let r = reasons(&c).await;
+    assert!(
+        r.contains("1 liveness deletions waiting to be routed"),
+        "{r}"
+    );
+    sweep(&c, &pool).await;
+    let r = reasons(&c).await;
+    assert!(!r.contains("waiting to be routed"), "{r}");
 }
 
 /// A liveness row moved to another key queues the key it left.
