@@ -235,6 +235,17 @@ BEGIN
          WHERE q.pool = pl.id
          ORDER BY q.id LIMIT max_keys
            FOR UPDATE SKIP LOCKED) x;
+    -- A dry run routes nothing, so it also reads the liveness deletions of
+    -- the pool's tables still to be routed: the keys a real call would
+    -- route, then review.
+    IF dry THEN
+        batch := ARRAY(SELECT DISTINCT b.key FROM (
+            SELECT unnest(batch) AS key
+            UNION ALL
+            (SELECT r.key FROM alkblobs.released r
+              WHERE r.relid::oid = ANY (alkblobs.fed_by(pl.id))
+              LIMIT max_keys)) b);
+    END IF;
     IF cardinality(batch) = 0 THEN
         RETURN;
     END IF;
