@@ -90,8 +90,11 @@ MUTATIONS = [
     M(id="pin-new-generation",
       what="alkblobs_pin_new records a fenced key at generation 0",
       file="sql/api/30-puts-and-pins.sql",
-      find="    VALUES (pl.id, $2, coalesce((SELECT ff.generation FROM alkblobs.file_fences ff\n                                  WHERE ff.pool = pl.id AND ff.key = $2), 0))",
-      replace="    VALUES (pl.id, $2, 0)",
+      # (Both places: the insert's, and the re-read of the fence after it.)
+      find=["    VALUES (pl.id, $2, coalesce((SELECT ff.generation FROM alkblobs.file_fences ff\n                                  WHERE ff.pool = pl.id AND ff.key = $2), 0))",
+            "        IF fence > gen THEN\n            UPDATE alkblobs.files f SET generation = fence"],
+      replace=["    VALUES (pl.id, $2, 0)",
+               "        IF false THEN\n            UPDATE alkblobs.files f SET generation = fence"],
       kind="ext",
       tests=[("pg_s3", "stalled_claimer")]),
     M(id="s3-generation-name",

@@ -612,8 +612,8 @@ async fn reviews_are_bounded_and_a_dry_run_consumes_nothing() {
 /// The review reads the rows of its keys, checks, then deletes exactly
 /// the rows it read: here it is held between its check and its delete
 /// (its staging of another key waits for a transaction that staged that
-/// key by hand), and meanwhile the liveness row that protected the first
-/// key is deleted and its event's row committed. That row must survive the
+/// key by hand), and meanwhile the pin that protected the first key is
+/// released and its event's row committed. That row must survive the
 /// review, and the next sweep collect the key. Then: an open event (its row
 /// not committed) is invisible to a review, which neither waits for it nor
 /// loses it.
@@ -622,7 +622,12 @@ async fn an_event_racing_a_review_is_never_lost() {
     let c = connect().await;
     let (pool, table) = qpool_with_table(&c, "q-race").await;
     let k = garbage(&c, &pool, b"q-race k").await;
-    reference(&c, &table, &k).await.unwrap();
+    // k is held by a pin whose release is the racing event (a liveness
+    // deletion would be appended to alkblobs.released, which the review
+    // does not delete from: the pin release goes to the queue directly).
+    c.query_one("SELECT alkblobs_pin($1, $2, 'node-x')", &[&pool, &k])
+        .await
+        .unwrap();
     let j = garbage(&c, &pool, b"q-race j").await;
     // A transaction staging j by hand: the review's staging of j waits on it.
     let holder = connect().await;
@@ -652,8 +657,8 @@ async fn an_event_racing_a_review_is_never_lost() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(waited, "the review did not reach its staging of j");
-    // The review has read k's rows and found k protected. Now k's row goes.
-    c.execute(&format!("DELETE FROM {table}"), &[])
+    // The review has read k's rows and found k protected. Now k's pin goes.
+    c.query_one("SELECT alkblobs_unpin($1, $2, 'node-x')", &[&pool, &k])
         .await
         .unwrap();
     holder.batch_execute("ROLLBACK").await.unwrap();
