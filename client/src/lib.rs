@@ -38,6 +38,7 @@ pub mod backend;
 pub mod conformance;
 mod error;
 mod key;
+pub mod outboard;
 mod pager;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;
