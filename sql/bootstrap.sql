@@ -147,11 +147,19 @@ CREATE TABLE alkblobs.entries (
     value      bytea,
     loid       oid,
     created_at timestamptz NOT NULL DEFAULT now(),
+    -- A large object's BLAKE3 outboard (0.8.0; NULL for one stored before,
+    -- until `alkblobs verify --repair-outboards`): 64 bytes per 16 KiB of
+    -- the blob, read by window (hence stored uncompressed, out of line:
+    -- substring fetches only the TOAST chunks it needs). Not checked by the
+    -- server: every reader checks what it reads against the key.
+    outboard   bytea,
     PRIMARY KEY (pool, key),
     CONSTRAINT tier_payload CHECK (
         (tier = 'kv' AND value IS NOT NULL AND loid IS NULL)
-        OR (tier = 'lo' AND loid IS NOT NULL AND value IS NULL))
+        OR (tier = 'lo' AND loid IS NOT NULL AND value IS NULL)),
+    CONSTRAINT outboard_of_lo CHECK (outboard IS NULL OR tier = 'lo')
 );
+ALTER TABLE alkblobs.entries ALTER COLUMN outboard SET STORAGE EXTERNAL;
 
 -- Pins: one row per (pool, key, role, owner), where role is the session
 -- role that made the pin and owner the caller's store-instance id. Only

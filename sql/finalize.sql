@@ -225,6 +225,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_get(text, bytea),
     @extschema@.alkblobs_stat(text, bytea),
     @extschema@.alkblobs_lo_read(text, bytea, bigint, integer),
+    @extschema@.alkblobs_lo_outboard(text, bytea, bigint, integer),
     @extschema@.alkblobs_explain(text, bytea),
     @extschema@.alkblobs_list(text, bytea, integer, text),
     @extschema@.alkblobs_single_staged(text, bytea, integer, bigint),
@@ -245,7 +246,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_unpin_many(text, text, bytea[]),
     @extschema@.alkblobs_lo_create(text),
     @extschema@.alkblobs_lo_write(oid, bigint, bytea),
-    @extschema@.alkblobs_lo_commit(text, bytea, oid, text)
+    @extschema@.alkblobs_lo_commit(text, bytea, oid, text, bytea),
+    @extschema@.alkblobs_lo_put_outboard(text, bytea, bytea)
   TO alkblobs_writer;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_stage(text, bytea[]),

@@ -204,7 +204,8 @@ fn main() {
             for c in v.chunks(1 << 20) {
                 w.write(Bytes::copy_from_slice(c)).await.unwrap();
             }
-            w.commit(&Key::of(&v)).await.unwrap()
+            let (key, outboard) = alkblobs::outboard::of(&v);
+            w.commit(&key, outboard.into()).await.unwrap()
         })
     };
     if run("lo_get") {

@@ -43,6 +43,20 @@ pub enum Error {
         /// What the check found.
         detail: String,
     },
+    /// A verified ranged read found stored bytes that do not match their
+    /// key: the first damaged 16 KiB chunk group starts at `offset` (the
+    /// blob's BLAKE3 outboard locates it without reading the rest).
+    #[error(
+        "blob {key} in {engine} is corrupt from byte {offset} (the 16 KiB chunk group there does not hash to what the key says); restore it with a verified put of the original bytes"
+    )]
+    CorruptAt {
+        /// The damaged entry.
+        key: Key,
+        /// The engine holding it.
+        engine: String,
+        /// The first byte of the first damaged chunk group.
+        offset: u64,
+    },
     /// A put over the kv threshold on a store with no large tier.
     #[error(
         "blob of {size} bytes is over the kv threshold of {threshold} bytes and this store is kv-only (no large tier); configure a large tier or route large content to a storage node"
@@ -241,7 +255,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::NotFound { .. } | Error::NoPool { .. } => ErrorKind::NotFound,
-            Error::HashMismatch { .. } | Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::HashMismatch { .. } | Error::Corrupt { .. } | Error::CorruptAt { .. } => {
+                ErrorKind::Corrupt
+            }
             Error::TooLarge { .. } => ErrorKind::TooLarge,
             Error::InvalidKey(_) | Error::InvalidRange { .. } | Error::Input { .. } => {
                 ErrorKind::InvalidInput

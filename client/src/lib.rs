@@ -53,6 +53,6 @@ pub use backend::{Backend, BackendExt, Durability, LargeBackend, OpenMode, PutOu
 pub use error::{BoxError, Error, ErrorKind, Result, sqlstate_kind};
 pub use key::{KEY_LEN, Key, KeyError};
 pub use store::{
-    CorruptEntry, DirOptions, EntryMeta, Explanation, Put, PutInfo, PutMany, Store, StoreBuilder,
-    Tier, TierUsage, Usage, VerifyProgress, VerifyReport,
+    CorruptEntry, DirOptions, EntryMeta, Explanation, Put, PutInfo, PutMany, RangeCheck, Store,
+    StoreBuilder, Tier, TierUsage, Usage, VerifyOptions, VerifyProgress, VerifyReport,
 };

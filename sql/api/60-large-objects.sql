@@ -8,7 +8,7 @@
 --   BEGIN;
 --   SELECT alkblobs_lo_create(pool);                  -- -> oid
 --   SELECT alkblobs_lo_write(oid, offset, chunk);     -- repeatedly, e.g. 1 MiB each
---   SELECT alkblobs_lo_commit(pool, key, oid, owner); -- verify, companion row + pin
+--   SELECT alkblobs_lo_commit(pool, key, oid, owner, outboard); -- verify, companion row + pin
 --   COMMIT;
 -- The upload belongs to that transaction and the caller's role: nobody
 -- else can write into it, and once the transaction is over it can only be
@@ -82,7 +82,28 @@ BEGIN
     PERFORM pg_catalog.lo_put($1, $2, $3);
 END $$;
 
-CREATE FUNCTION @extschema@.alkblobs_lo_commit(pool text, key bytea, loid oid, owner text)
+-- The length of the outboard of a blob of `size` bytes: 64 bytes per 16 KiB
+-- chunk group after the first (client/src/outboard.rs).
+CREATE FUNCTION alkblobs.outboard_len(size bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT 64 OPERATOR(pg_catalog.*) greatest((size OPERATOR(pg_catalog.+) 16383) OPERATOR(pg_catalog./) 16384 OPERATOR(pg_catalog.-) 1, 0)
+$$;
+
+-- Refuses an outboard whose length is not that of a blob of `size` bytes
+-- (22023): a client's slip, caught before it is stored. Its content is not
+-- checked here (the server need not hash); readers check it.
+CREATE FUNCTION alkblobs.check_outboard(outboard bytea, size bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF $1 IS NOT NULL AND pg_catalog.octet_length($1) OPERATOR(pg_catalog.<>) alkblobs.outboard_len($2) THEN
+        RAISE EXCEPTION 'an outboard of % bytes, but a blob of % bytes has one of %', pg_catalog.octet_length($1), $2, alkblobs.outboard_len($2)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Nothing was stored.';
+    END IF;
+END $$;
+
+CREATE FUNCTION @extschema@.alkblobs_lo_commit(pool text, key bytea, loid oid, owner text, outboard bytea DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -104,6 +125,7 @@ BEGIN
     END IF;
     DELETE FROM alkblobs.uploads up WHERE up.loid = $3;
     SELECT * INTO h FROM alkblobs.lo_blake3($3);
+    PERFORM alkblobs.check_outboard($5, h.size);
     IF h.hash <> $2 THEN
         PERFORM pg_catalog.lo_unlink($3);
         RAISE EXCEPTION 'hash mismatch: the large object hashes to %, not to the key %', encode(h.hash, 'hex'), encode($2, 'hex')
@@ -113,8 +135,8 @@ BEGIN
         IF alkblobs.lock_entry(pl.id, $2) THEN
             EXIT;
         END IF;
-        INSERT INTO alkblobs.entries (pool, key, size, tier, loid)
-        VALUES (pl.id, $2, h.size, 'lo', $3)
+        INSERT INTO alkblobs.entries (pool, key, size, tier, loid, outboard)
+        VALUES (pl.id, $2, h.size, 'lo', $3, $5)
         ON CONFLICT ON CONSTRAINT entries_pkey DO NOTHING;
         IF FOUND THEN
             created := true;
@@ -129,8 +151,11 @@ BEGIN
         IF h.hash IS NULL AND NOT alkblobs.holds(pl.id, $2, NULL, $3, h.size) THEN
             PERFORM alkblobs.refuse_other_content(pl, $2, NULL);  -- keys trusted: see alkblobs.holds
         END IF;
-        -- A dedup hit: the existing entry stays, the new object goes.
+        -- A dedup hit: the existing entry stays, the new object goes. An
+        -- entry stored before outboards gets this one.
         PERFORM pg_catalog.lo_unlink($3);
+        UPDATE alkblobs.entries e SET outboard = $5
+         WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo' AND e.outboard IS NULL AND $5 IS NOT NULL;
     END IF;
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
     IF $4 IS NOT NULL THEN
@@ -163,4 +188,50 @@ BEGIN
         RETURN NULL;
     END IF;
     RETURN pg_catalog.lo_get(o, $3, $4);
+END $$;
+
+-- A window of a large-object entry's outboard (bytes `offset`.. of it, at
+-- most `len`; empty past its end); NULL if the key is absent or its entry
+-- has no outboard.
+CREATE FUNCTION @extschema@.alkblobs_lo_outboard(pool text, key bytea, "offset" bigint, len integer)
+RETURNS bytea
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'read');
+    o bytea;
+BEGIN
+    PERFORM alkblobs.check_key($2);
+    PERFORM alkblobs.not_null($3, 'offset');
+    PERFORM alkblobs.not_null($4, 'len');
+    IF $3 < 0 OR $4 < 0 THEN
+        RAISE EXCEPTION 'offset and len must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A blob of one 16 KiB group or less has an empty outboard, stored or not.
+    SELECT CASE WHEN alkblobs.outboard_len(e.size) OPERATOR(pg_catalog.=) 0 THEN ''::bytea
+                ELSE pg_catalog.substring(e.outboard, ($3 OPERATOR(pg_catalog.+) 1)::integer, $4) END INTO o
+      FROM alkblobs.entries e
+     WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo';
+    RETURN o;
+END $$;
+
+-- Stores the outboard of a present large-object entry, replacing any
+-- (`alkblobs verify --repair-outboards`); false if the key is absent.
+CREATE FUNCTION @extschema@.alkblobs_lo_put_outboard(pool text, key bytea, outboard bytea)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'write');
+    n bigint;
+BEGIN
+    PERFORM alkblobs.check_key($2);
+    PERFORM alkblobs.not_null($3, 'outboard');
+    SELECT e.size INTO n FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM alkblobs.check_outboard($3, n);
+    UPDATE alkblobs.entries e SET outboard = $3 WHERE e.pool = pl.id AND e.key = $2;
+    RETURN true;
 END $$;

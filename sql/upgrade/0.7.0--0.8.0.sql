@@ -53,6 +53,11 @@
 --   one audit, as its queue starts empty; registered tables get a guard
 --   that also sees deletions (and a TRUNCATE trigger) when they are
 --   registered again, which a 'queue' pool's sweep asks for.
+-- * a pg-lo entry keeps its blob's BLAKE3 outboard (entries.outboard,
+--   given to alkblobs_lo_commit's new outboard argument, read by window
+--   with alkblobs_lo_outboard, mended with alkblobs_lo_put_outboard), so
+--   a client verifies any range without reading the rest; entries stored
+--   before have none until `alkblobs verify --repair-outboards`.
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool
@@ -208,3 +213,7 @@ ALTER TABLE alkblobs.sweeps ADD COLUMN reviewed bigint, ADD COLUMN audit text, A
 DROP FUNCTION @extschema@.alkblobs_alter_pool(text, interval, interval, bigint, interval, interval, interval, interval);
 DROP FUNCTION @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer);
 DROP FUNCTION alkblobs.sweep_core(text, boolean, integer, boolean, integer);
+ALTER TABLE alkblobs.entries ADD COLUMN outboard bytea,
+    ADD CONSTRAINT outboard_of_lo CHECK (outboard IS NULL OR tier = 'lo');
+ALTER TABLE alkblobs.entries ALTER COLUMN outboard SET STORAGE EXTERNAL;
+DROP FUNCTION @extschema@.alkblobs_lo_commit(text, bytea, oid, text);

@@ -288,8 +288,8 @@ async fn a_live_writers_staging_file_is_never_reclaimed() {
     w.write(Bytes::copy_from_slice(&value[1_000_000..]))
         .await
         .unwrap();
-    let key = Key::of(&value);
-    w.commit(&key).await.unwrap();
+    let (key, outboard) = alkblobs::outboard::of(&value);
+    w.commit(&key, outboard.into()).await.unwrap();
     assert_eq!(large.get(&key).await.unwrap().unwrap(), value);
 }
 

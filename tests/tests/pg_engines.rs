@@ -485,7 +485,9 @@ async fn a_streaming_read_keeps_one_snapshot_across_its_connections() {
         for chunk in big.chunks(MIB) {
             w.write(bytes::Bytes::copy_from_slice(chunk)).await.unwrap();
         }
-        w.commit(&key).await.unwrap();
+        w.commit(&key, alkblobs::outboard::of(&big).1.into())
+            .await
+            .unwrap();
         let mut r = lo.open_read(&key).await.unwrap().expect("just put");
         let mut got = vec![0u8; MIB];
         r.read_exact(&mut got).await.unwrap();

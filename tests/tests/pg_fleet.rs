@@ -707,10 +707,10 @@ async fn a_queue_pools_shared_tier_is_listed_after_audits_only() {
         .await
         .unwrap();
     let v = b"copied in by hand, never put".repeat(100);
-    let k = Key::of(&v);
+    let (k, outboard) = alkblobs::outboard::of(&v);
     let mut w = by_hand.begin_write().await.unwrap();
     w.write(bytes::Bytes::from(v)).await.unwrap();
-    w.commit(&k).await.unwrap();
+    w.commit(&k, outboard.into()).await.unwrap();
     let path = by_hand.path_of(&k);
     let staged = async |c: &Client| -> i64 {
         c.query_one(

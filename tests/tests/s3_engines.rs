@@ -153,14 +153,14 @@ async fn a_writer_killed_mid_upload_leaves_nothing_and_its_upload_is_reclaimed()
             .await
             .unwrap();
     }
-    let small_key = {
-        let mut hash = blake3::Hasher::new();
+    let (small_key, outboard) = {
+        let mut hash = alkblobs::outboard::Builder::new();
         for i in 0..12 {
             hash.update(&alkblobs_tests::data(i, 1 << 20));
         }
-        Key::from_hash(hash.finalize())
+        hash.finish()
     };
-    again.commit(&small_key).await.unwrap();
+    again.commit(&small_key, outboard.into()).await.unwrap();
     assert_eq!(w.size(&small_key).await.unwrap(), Some(12 << 20));
 }
 

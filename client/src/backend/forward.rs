@@ -80,6 +80,20 @@ macro_rules! forward_backend {
             async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
                 (**self).delete_through(key, through).await
             }
+            async fn read_outboard(
+                &self,
+                key: &Key,
+                offset: u64,
+                len: u64,
+            ) -> Result<Option<Bytes>> {
+                (**self).read_outboard(key, offset, len).await
+            }
+            async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
+                (**self).put_outboard(key, outboard).await
+            }
+            async fn outboard_usage(&self) -> Result<Option<u64>> {
+                (**self).outboard_usage().await
+            }
         }
     };
 }

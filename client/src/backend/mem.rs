@@ -21,6 +21,9 @@ const LIST_PAGE: usize = 1024;
 #[derive(Clone, Default)]
 pub struct MemBackend {
     map: Arc<RwLock<BTreeMap<Key, Bytes>>>,
+    /// Outboards of large blobs put through a staged write (an engine-level
+    /// `put` stores none, like a blob stored before outboards).
+    outboards: Arc<RwLock<BTreeMap<Key, Bytes>>>,
 }
 
 impl MemBackend {
@@ -37,6 +40,10 @@ impl MemBackend {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<Key, Bytes>> {
         self.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn outboards(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<Key, Bytes>> {
+        self.outboards.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Replaces a stored value behind the contract's back. Test support for
@@ -89,7 +96,9 @@ impl Backend for MemBackend {
     }
 
     async fn delete(&self, key: &Key) -> Result<Option<u64>> {
-        Ok(self.write().remove(key).map(|v| v.len() as u64))
+        let freed = self.write().remove(key).map(|v| v.len() as u64);
+        self.outboards().remove(key);
+        Ok(freed)
     }
 
     fn list(&self) -> KeyStream<'_> {
@@ -163,6 +172,35 @@ impl LargeBackend for MemBackend {
             None => Ok(None),
         }
     }
+
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let Some(size) = self.read().get(key).map(|v| v.len() as u64) else {
+            return Ok(None);
+        };
+        if crate::outboard::outboard_len(size) == 0 {
+            return Ok(Some(Bytes::new()));
+        }
+        let ob = self.outboards().get(key).cloned();
+        match ob {
+            Some(ob) => slice_range(key, &ob, offset, len).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
+        let map = self.read();
+        if !map.contains_key(key) {
+            return Ok(false);
+        }
+        self.outboards().insert(*key, outboard);
+        Ok(true)
+    }
+
+    async fn outboard_usage(&self) -> Result<Option<u64>> {
+        Ok(Some(
+            self.outboards().values().map(|v| v.len() as u64).sum(),
+        ))
+    }
 }
 
 struct MemWrite<'a> {
@@ -179,8 +217,18 @@ impl StagedWrite for MemWrite<'_> {
     fn written(&self) -> u64 {
         self.buf.len() as u64
     }
-    async fn commit(self: Box<Self>, key: &Key) -> Result<PutOutcome> {
-        self.engine.put(key, self.buf.freeze()).await
+    async fn commit(self: Box<Self>, key: &Key, outboard: Bytes) -> Result<PutOutcome> {
+        let mut map = self.engine.write();
+        let outcome = if map.contains_key(key) {
+            PutOutcome::Existed
+        } else {
+            map.insert(*key, self.buf.freeze());
+            PutOutcome::Created
+        };
+        // Under the map's lock: a delete cannot slip between the two.
+        let mut outboards = self.engine.outboards();
+        outboards.entry(*key).or_insert(outboard);
+        Ok(outcome)
     }
     async fn abort(self: Box<Self>) -> Result<()> {
         Ok(())

@@ -170,6 +170,9 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     ///
     /// # Behavior
     /// - Atomic: readers never observe a partial value.
+    /// - A large engine stores no outboard with it (engines never hash):
+    ///   the store puts large blobs through [`LargeBackend::begin_write`],
+    ///   whose commit carries the outboard of the put's own hash pass.
     /// - A present key is left untouched and reported as
     ///   [`PutOutcome::Existed`].
     /// - Durable on return when the engine was opened with
@@ -310,6 +313,33 @@ pub trait LargeBackend: Backend {
         let _ = through;
         self.delete(key).await
     }
+
+    /// Up to `len` bytes of `key`'s outboard from `offset` (clamped to its
+    /// end), or `None` when the blob has none: it is absent, or was stored
+    /// before outboards existed (see [`crate::outboard`]).
+    ///
+    /// # Behavior
+    /// - A blob of one chunk group or less has an empty outboard: answer
+    ///   `Some` of an empty window for a present one.
+    /// - Reads only the window. The answer is not trusted: every reader
+    ///   checks it against the key.
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>>;
+
+    /// Stores `outboard` as the outboard of the present blob `key`,
+    /// replacing any it has (an outboard is a function of the key, so a
+    /// replacement only mends a damaged or missing one). Returns `false`,
+    /// storing nothing, if the blob is absent.
+    ///
+    /// # Behavior
+    /// - Need not be durable: a lost or torn outboard is found by the
+    ///   first read that checks it and rebuilt by `verify --repair-outboards`.
+    async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool>;
+
+    /// Bytes of stored outboards, when the engine can tell without reading
+    /// them. The default says it cannot.
+    async fn outboard_usage(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 /// A write in progress; see [`LargeBackend::begin_write`].
@@ -321,10 +351,13 @@ pub trait StagedWrite: Send {
     /// Bytes written so far.
     fn written(&self) -> u64;
 
-    /// Publishes the staged bytes under `key` (the caller guarantees `key` is
-    /// their BLAKE3 hash). If `key` is already present the staged bytes are
-    /// discarded and the entry is left untouched.
-    async fn commit(self: Box<Self>, key: &Key) -> Result<PutOutcome>;
+    /// Publishes the staged bytes under `key` with their `outboard` (the
+    /// caller guarantees `key` is their BLAKE3 hash and `outboard` their
+    /// [`crate::outboard`]). The outboard is stored first, so a published
+    /// blob has one. If `key` is already present the staged bytes are
+    /// discarded and the entry is left untouched (an engine may store the
+    /// outboard then, if the blob has none).
+    async fn commit(self: Box<Self>, key: &Key, outboard: Bytes) -> Result<PutOutcome>;
 
     /// Discards the staged bytes. Dropping the write does the same, best
     /// effort.

@@ -68,7 +68,8 @@ macro_rules! large_backend_suite {
                 ranges_at_edges, list_is_sorted_and_complete, big_listing,
                 concurrent_puts_of_one_key, batches, usage_matches_contents, model_sequence);
             $crate::backend_suite!(@cases $caps, $make, dyn $crate::backend::LargeBackend;
-                streaming_writes, streaming_reads, large_missing_keys, large_ranges_at_edges);
+                streaming_writes, streaming_reads, large_missing_keys, large_ranges_at_edges,
+                outboards);
         }
     };
 }
@@ -283,13 +284,17 @@ pub async fn streaming_writes(e: &Arc<dyn LargeBackend>, caps: Caps) {
         assert!(!e.has(&key).await.unwrap(), "visible before commit");
     }
     assert_eq!(w.written(), value.len() as u64);
-    assert_eq!(w.commit(&key).await.unwrap(), PutOutcome::Created);
+    let ob: Bytes = crate::outboard::of(&value).1.into();
+    assert_eq!(
+        w.commit(&key, ob.clone()).await.unwrap(),
+        PutOutcome::Created
+    );
     assert_eq!(e.get(&key).await.unwrap().unwrap(), value);
 
     // A second streamed write of the same key is discarded.
     let mut w = e.begin_write().await.unwrap();
     w.write(Bytes::from(value.clone())).await.unwrap();
-    assert_eq!(w.commit(&key).await.unwrap(), PutOutcome::Existed);
+    assert_eq!(w.commit(&key, ob).await.unwrap(), PutOutcome::Existed);
 
     let other = data(15, 5000);
     let other_key = Key::of(&other);
@@ -301,6 +306,84 @@ pub async fn streaming_writes(e: &Arc<dyn LargeBackend>, caps: Caps) {
     drop(w);
     assert!(!e.has(&other_key).await.unwrap());
     assert_eq!(e.list_all().await.unwrap(), vec![key]);
+}
+
+/// A blob's outboard is committed with it, read back by window (clamped
+/// at its end), replaced by `put_outboard` only for a present blob, not
+/// stored by an engine-level `put`, and gone with the blob.
+pub async fn outboards(e: &Arc<dyn LargeBackend>, caps: Caps) {
+    let value = data(17, (1 << 20).min(caps.max_value));
+    let (key, ob) = crate::outboard::of(&value);
+    assert!(
+        ob.len() >= 64,
+        "a blob of several 16 KiB groups has parents"
+    );
+    let n = ob.len() as u64;
+    let mut w = e.begin_write().await.unwrap();
+    w.write(Bytes::from(value.clone())).await.unwrap();
+    w.commit(&key, ob.clone().into()).await.unwrap();
+    let read = async |k: &Key, off: u64, len: u64| e.read_outboard(k, off, len).await.unwrap();
+    assert_eq!(
+        read(&key, 0, n).await.unwrap(),
+        ob,
+        "{e}: the whole outboard"
+    );
+    assert_eq!(
+        read(&key, 64, 128).await.unwrap(),
+        ob[64..192],
+        "{e}: a window"
+    );
+    assert_eq!(
+        read(&key, n - 10, 100).await.unwrap(),
+        ob[ob.len() - 10..],
+        "{e}: clamped"
+    );
+    let mut bad = ob.clone();
+    bad[3] ^= 1;
+    assert!(e.put_outboard(&key, bad.clone().into()).await.unwrap());
+    assert_eq!(read(&key, 0, n).await.unwrap(), bad, "{e}: replaced");
+    assert!(e.put_outboard(&key, ob.clone().into()).await.unwrap());
+    assert_eq!(read(&key, 0, n).await.unwrap(), ob, "{e}: mended");
+    let absent = absent_key("outboard");
+    assert!(!e.put_outboard(&absent, ob.clone().into()).await.unwrap());
+    assert!(
+        read(&absent, 0, 64).await.is_none(),
+        "{e}: nothing for an absent blob"
+    );
+
+    // An engine-level put stores none: the blob reads as one stored before
+    // outboards, until one is put.
+    let plain = data(18, 200_000.min(caps.max_value));
+    let (plain_key, plain_ob) = crate::outboard::of(&plain);
+    e.put(&plain_key, Bytes::from(plain)).await.unwrap();
+    assert!(
+        read(&plain_key, 0, 64).await.is_none(),
+        "{e}: put stores no outboard"
+    );
+    assert!(
+        e.put_outboard(&plain_key, plain_ob.clone().into())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        read(&plain_key, 0, plain_ob.len() as u64).await.unwrap(),
+        plain_ob
+    );
+    if let Some(bytes) = e.outboard_usage().await.unwrap() {
+        assert_eq!(bytes, n + plain_ob.len() as u64, "{e}: outboard usage");
+    }
+
+    // Deleted with its blob; a put of the same bytes brings it back.
+    assert!(e.delete(&key).await.unwrap().is_some());
+    assert!(read(&key, 0, 64).await.is_none(), "{e}: gone with the blob");
+    let mut w = e.begin_write().await.unwrap();
+    w.write(Bytes::from(value)).await.unwrap();
+    w.commit(&key, ob.clone().into()).await.unwrap();
+    assert_eq!(
+        read(&key, 0, n).await.unwrap(),
+        ob,
+        "{e}: back with the blob"
+    );
 }
 
 /// Streaming reads return the exact bytes.

@@ -118,13 +118,13 @@ impl<E: Backend + ?Sized> StagedWrite for FaultWrite<'_, E> {
     fn written(&self) -> u64 {
         self.inner.written()
     }
-    async fn commit(self: Box<Self>, key: &Key) -> Result<PutOutcome> {
+    async fn commit(self: Box<Self>, key: &Key, outboard: Bytes) -> Result<PutOutcome> {
         if let Err(e) = self.owner.write_fault() {
             self.inner.abort().await?;
             return Err(e);
         }
         self.owner.write_delay().await;
-        self.inner.commit(key).await
+        self.inner.commit(key, outboard).await
     }
     async fn abort(self: Box<Self>) -> Result<()> {
         self.inner.abort().await
@@ -209,5 +209,14 @@ impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
     async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
         self.delete_fault()?;
         self.inner.delete_through(key, through).await
+    }
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.inner.read_outboard(key, offset, len).await
+    }
+    async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
+        self.inner.put_outboard(key, outboard).await
+    }
+    async fn outboard_usage(&self) -> Result<Option<u64>> {
+        self.inner.outboard_usage().await
     }
 }

@@ -36,7 +36,7 @@ macro_rules! store_suite {
                 streaming_puts, missing_input_file, verified_reads, put_verified_refuses_mismatch,
                 batched_puts, list_is_a_union_without_duplicates, puts_pin_before_publish,
                 verify_clean_pool, concurrent_puts_of_one_key, big_listing, usage_per_tier,
-                model_sequence);
+                model_sequence, verified_ranges);
         }
     };
     (@cases $cfg:expr, $make:expr; $($case:ident),*) => {
@@ -212,6 +212,96 @@ pub async fn verified_reads(store: &Store, cfg: Config) {
         let mut got = Vec::new();
         r.read_to_end(&mut got).await.unwrap();
         assert!(got == value);
+    }
+}
+
+/// Any range reads verified, through the outboard every large put path
+/// stores: whole buffers, streams, verified puts and batches.
+pub async fn verified_ranges(store: &Store, cfg: Config) {
+    use crate::RangeCheck;
+    let t = store.threshold() as usize;
+    let size = if cfg.kv_only { t } else { t + 3_000_000 };
+    let value = data(90, size);
+    let key = store.put(value.clone()).await.unwrap().key;
+    let s = size as u64;
+    for (off, len) in [
+        (0, 1),
+        (0, s),
+        (16_383, 2),
+        (16_384, 16_384),
+        (s - 1, 1),
+        (s / 2, 1 << 20),
+        (s - 5, 100),
+    ] {
+        let got = store
+            .get_range_verified(&key, off, len)
+            .await
+            .unwrap()
+            .unwrap();
+        let end = (off + len).min(s) as usize;
+        assert!(
+            got == value[off as usize..end],
+            "range {off}+{len} of {size}"
+        );
+    }
+    assert!(
+        store
+            .get_range_verified(&key, s, 1)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        store.get_range_verified(&key, s + 1, 1).await,
+        Err(Error::InvalidRange { .. })
+    ));
+    let mut r = store
+        .open_range_verified(&key, 1000, s)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut got = Vec::new();
+    r.read_to_end(&mut got).await.unwrap();
+    assert!(got == value[1000..], "a verified stream from byte 1000");
+    assert_eq!(
+        store.range_check(&key).await.unwrap(),
+        Some(RangeCheck::Outboard)
+    );
+    let absent = absent_key("verified range");
+    assert!(
+        store
+            .get_range_verified(&absent, 0, 1)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(store.range_check(&absent).await.unwrap().is_none());
+    if cfg.kv_only {
+        return;
+    }
+    let streamed = data(91, t + 2_500_000);
+    let k1 = store.put_reader(&streamed[..]).await.unwrap().key;
+    let verified = data(92, t + 100_000);
+    let k2 = store
+        .put_verified(&Key::of(&verified), verified.clone())
+        .await
+        .unwrap()
+        .key;
+    let batched = data(93, t + 40_000);
+    let k3 = store.put_many([batched.clone()]).await.unwrap().entries[0].key;
+    for (k, v) in [(k1, &streamed), (k2, &verified), (k3, &batched)] {
+        assert_eq!(
+            store.range_check(&k).await.unwrap(),
+            Some(RangeCheck::Outboard)
+        );
+        let mid = v.len() / 2;
+        let got = store
+            .get_range_verified(&k, mid as u64, 70_000)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got == v[mid..(mid + 70_000).min(v.len())]);
     }
 }
 

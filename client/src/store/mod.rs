@@ -12,6 +12,7 @@
 //! - `read.rs`: reads, with the one kv → large fall-through;
 //! - `gc.rs`: pins, sweeps, roots and liveness, forwarded to the arbiter;
 //! - `verify.rs`: verified reads and the scrub;
+//! - `ranged.rs`: verified ranged reads through BLAKE3 outboards;
 //! - `usage.rs`: pool accounting;
 //! - the tier rule and the union listing are the foundation (`crate::tier`);
 //! - `types.rs`: what operations return.
@@ -31,6 +32,7 @@ pub mod postgres;
 mod presets;
 mod publication;
 mod put;
+mod ranged;
 mod read;
 mod types;
 mod usage;
@@ -40,8 +42,9 @@ pub use crate::tier::Tier;
 pub use builder::{DEFAULT_THRESHOLD, MAX_THRESHOLD, StoreBuilder};
 pub use gc::{ExplainRow, Explanation};
 pub use presets::DirOptions;
+pub use ranged::RangeCheck;
 pub use types::{EntryMeta, Put, PutInfo, PutMany, TierUsage, Usage};
-pub use verify::{CorruptEntry, VerifyProgress, VerifyReport};
+pub use verify::{CorruptEntry, VerifyOptions, VerifyProgress, VerifyReport};
 
 /// Chunk size of streaming puts and reads.
 const CHUNK: usize = 1024 * 1024;

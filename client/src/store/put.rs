@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::{CHUNK, Put, PutInfo, PutMany, Store, Tier};
 use crate::backend::{PutOutcome, StagedWrite};
-use crate::{Error, Key, Result};
+use crate::{Error, Key, Result, outboard};
 
 /// Above this size, hashing a buffer moves off the async worker threads.
 const HASH_INLINE_MAX: usize = 256 * 1024;
@@ -45,6 +45,16 @@ pub(crate) async fn hash(bytes: &Bytes) -> Key {
     }
 }
 
+/// The key and outboard of a large-tier buffer, off the async workers.
+async fn key_and_outboard(bytes: &Bytes) -> (Key, Bytes) {
+    let b = bytes.clone();
+    let (key, ob) = match tokio::task::spawn_blocking(move || outboard::of(&b)).await {
+        Ok(done) => done,
+        Err(_) => outboard::of(bytes),
+    };
+    (key, ob.into())
+}
+
 /// The key of a big buffer, on every core from [`HASH_PARALLEL_MIN`]
 /// (BLAKE3's tree splits it): an object store's put waits for the key
 /// before its first byte goes out. Blocks; call it off the async workers.
@@ -57,24 +67,33 @@ fn key_of_big(bytes: &[u8]) -> Key {
 }
 
 impl Store {
-    async fn put_keyed(&self, key: Key, bytes: Bytes) -> Result<Put> {
+    /// A kv-tier blob whose key is known (the large tier goes through
+    /// [`Store::put_large`], which computes the outboard with the key).
+    async fn put_kv_keyed(&self, key: Key, bytes: Bytes) -> Result<Put> {
         let size = bytes.len() as u64;
-        let tier = self.tier_checked(size)?;
         // Pin before publish: from here on no sweep can delete the key.
-        let publication = self.begin_publication(tier, vec![key]).await?;
-        let outcome = match tier {
-            Tier::Kv => self.inner.pool.kv().put(&key, bytes).await?,
-            Tier::Large => self.large_engine()?.put(&key, bytes).await?,
-        };
+        let publication = self.begin_publication(Tier::Kv, vec![key]).await?;
+        let outcome = self.inner.pool.kv().put(&key, bytes).await?;
         let pin = publication.published().await?;
-        tracing::debug!(%key, size, %tier, ?outcome, "put");
+        tracing::debug!(%key, size, ?outcome, "put");
         Ok(Put {
             key,
             size,
-            tier,
+            tier: Tier::Kv,
             outcome,
             pin,
         })
+    }
+
+    /// Writes a large blob whose key and outboard are known (a batch's):
+    /// the caller has pinned the key.
+    async fn write_large(&self, key: &Key, bytes: Bytes, outboard: Bytes) -> Result<PutOutcome> {
+        let mut writer = self.large_engine()?.begin_write().await?;
+        if let Err(e) = writer.write(bytes).await {
+            let _ = writer.abort().await;
+            return Err(e);
+        }
+        writer.commit(key, outboard).await
     }
 
     /// Stores `bytes`, returning its key and a pin on it.
@@ -84,42 +103,54 @@ impl Store {
         let span = tracing::debug_span!("put", size = bytes.len());
         async {
             if self.tier_checked(bytes.len() as u64)? == Tier::Large {
-                return self.put_large(bytes).await;
+                return self.put_large(bytes, None).await;
             }
             let key = hash(&bytes).await;
-            self.put_keyed(key, bytes).await
+            self.put_kv_keyed(key, bytes).await
         }
         .instrument(span)
         .await
     }
 
-    /// A large blob: hash on a second thread while the bytes stream to the
-    /// engine's staging area, then pin, then publish. Hashing hides behind
-    /// the write instead of preceding it; a dedup hit is discarded at commit
-    /// before any fsync.
-    async fn put_large(&self, bytes: Bytes) -> Result<Put> {
+    /// A large blob: its key and outboard computed on other threads (every
+    /// core) while the bytes stream to the engine's staging area, then pin,
+    /// then publish. Hashing hides behind the write instead of preceding
+    /// it; a dedup hit is discarded at commit before any fsync. With
+    /// `expected`, bytes that do not hash to it store nothing
+    /// ([`Error::HashMismatch`]).
+    async fn put_large(&self, bytes: Bytes, expected: Option<Key>) -> Result<Put> {
         let size = bytes.len() as u64;
         let mut writer = self.large_engine()?.begin_write().await?;
         let b = bytes.clone();
-        let hashing = tokio::task::spawn_blocking(move || key_of_big(&b));
+        let hashing = tokio::task::spawn_blocking(move || outboard::of(&b));
         if let Err(e) = writer.write(bytes.clone()).await {
             let _ = writer.abort().await;
             return Err(e);
         }
-        let key = match hashing.await {
-            Ok(k) => k,
-            Err(_) => Key::of(&bytes),
+        let (key, ob) = match hashing.await {
+            Ok(done) => done,
+            Err(_) => outboard::of(&bytes),
         };
-        self.publish_staged(writer, key, size).await
+        if let Some(expected) = expected
+            && expected != key
+        {
+            let _ = writer.abort().await;
+            return Err(Error::HashMismatch {
+                expected,
+                actual: key,
+            });
+        }
+        self.publish_staged(writer, key, size, ob.into()).await
     }
 
     /// The end of every large-tier put: pin before publish, commit the
-    /// staged bytes, restart the key's window.
+    /// staged bytes with their outboard, restart the key's window.
     async fn publish_staged(
         &self,
         writer: Box<dyn StagedWrite + '_>,
         key: Key,
         size: u64,
+        outboard: Bytes,
     ) -> Result<Put> {
         let publication = match self.begin_publication(Tier::Large, vec![key]).await {
             Ok(p) => p,
@@ -128,7 +159,7 @@ impl Store {
                 return Err(e);
             }
         };
-        let outcome = writer.commit(&key).await?;
+        let outcome = writer.commit(&key, outboard).await?;
         let pin = publication.published().await?;
         tracing::debug!(%key, size, ?outcome, "large put");
         Ok(Put {
@@ -147,6 +178,9 @@ impl Store {
         let bytes = bytes.into();
         let span = tracing::debug_span!("put_verified", %key, size = bytes.len());
         async {
+            if self.tier_checked(bytes.len() as u64)? == Tier::Large {
+                return self.put_large(bytes, Some(*key)).await;
+            }
             let actual = hash(&bytes).await;
             if actual != *key {
                 return Err(Error::HashMismatch {
@@ -154,7 +188,7 @@ impl Store {
                     actual,
                 });
             }
-            self.put_keyed(actual, bytes).await
+            self.put_kv_keyed(actual, bytes).await
         }
         .instrument(span)
         .await
@@ -173,12 +207,20 @@ impl Store {
         let span = tracing::debug_span!("put_many", count = blobs.len());
         async {
             let mut entries = Vec::with_capacity(blobs.len());
+            // A large blob's outboard comes from its key's hash pass.
+            let mut outboards = Vec::with_capacity(blobs.len());
             for b in &blobs {
                 let size = b.len() as u64;
+                let tier = self.tier_checked(size)?;
+                let (key, ob) = match tier {
+                    Tier::Kv => (hash(b).await, Bytes::new()),
+                    Tier::Large => key_and_outboard(b).await,
+                };
+                outboards.push(ob);
                 entries.push(PutInfo {
-                    key: hash(b).await,
+                    key,
                     size,
-                    tier: self.tier_checked(size)?,
+                    tier,
                     outcome: PutOutcome::Created,
                 });
             }
@@ -203,12 +245,12 @@ impl Store {
                 .collect();
             let kv = self.inner.pool.kv();
             let mut kv_outcomes = kv.put_many(&kv_items).await?.into_iter();
-            for (e, b) in entries.iter_mut().zip(&blobs) {
+            for ((e, b), ob) in entries.iter_mut().zip(&blobs).zip(outboards) {
                 e.outcome = match e.tier {
                     Tier::Kv => kv_outcomes
                         .next()
                         .ok_or_else(|| Error::engine(kv, "put_many returned too few outcomes"))?,
-                    Tier::Large => self.large_engine()?.put(&e.key, b.clone()).await?,
+                    Tier::Large => self.write_large(&e.key, b.clone(), ob).await?,
                 };
             }
             let mut pin = kv_publication.published().await?;
@@ -258,7 +300,7 @@ impl Store {
             // thread when big) and written while the next chunk is read.
             // Bytes are read once and copied into the engine's writes
             // without a second pass over the source.
-            let mut hasher = blake3::Hasher::new();
+            let mut hasher = outboard::Builder::new();
             let mut chunk = head.freeze();
             let streamed: Result<()> = async {
                 loop {
@@ -300,9 +342,9 @@ impl Store {
                 let _ = writer.abort().await;
                 return Err(e);
             }
-            let key = Key::from_hash(hasher.finalize());
+            let (key, ob) = hasher.finish();
             let size = writer.written();
-            self.publish_staged(writer, key, size).await
+            self.publish_staged(writer, key, size, ob.into()).await
         }
         .instrument(span)
         .await

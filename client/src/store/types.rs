@@ -63,8 +63,12 @@ pub struct TierUsage {
     pub engine: String,
     /// Entry count.
     pub entries: u64,
-    /// Total bytes.
+    /// Total bytes (of the blobs).
     pub bytes: u64,
+    /// Bytes of the blobs' BLAKE3 outboards beside them (large tier), when
+    /// the engine can tell; 64 bytes per 16 KiB of blob.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outboard_bytes: Option<u64>,
 }
 
 /// Pool accounting per tier.

@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use super::put::hash;
 use super::{Store, Tier};
 use crate::backend::{Backend, BlobReader};
-use crate::{Error, Key, Result};
+use crate::{Error, Key, Result, outboard};
 
 /// One damaged entry.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -38,6 +38,33 @@ pub struct VerifyReport {
     /// Entries listed but gone by the time they were read (a concurrent
     /// sweep); not an error.
     pub vanished: u64,
+    /// Large blobs whose content is intact but that have no outboard
+    /// (stored before outboards existed): their ranges are verified by
+    /// reading them whole until [`VerifyOptions::repair_outboards`].
+    pub outboards_missing: u64,
+    /// Large blobs whose content is intact but whose stored outboard is
+    /// not theirs (damaged): the same, until repaired.
+    pub outboards_damaged: u64,
+    /// Outboards stored by this pass ([`VerifyOptions::repair_outboards`]).
+    pub outboards_repaired: u64,
+}
+
+/// How [`Store::verify_with_options`] runs.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct VerifyOptions {
+    /// Store the outboard of every intact large blob that has none or a
+    /// damaged one (computed in the same pass that re-hashes it). Needs a
+    /// writable store.
+    pub repair_outboards: bool,
+}
+
+impl VerifyOptions {
+    /// Repairs missing and damaged outboards.
+    pub fn repair_outboards(mut self, yes: bool) -> Self {
+        self.repair_outboards = yes;
+        self
+    }
 }
 
 impl VerifyReport {
@@ -57,13 +84,24 @@ pub struct VerifyProgress {
 }
 
 enum Check {
-    Ok(u64),
+    Ok(u64, Outboard),
     Vanished,
     Corrupt(String),
 }
 
-/// Re-hashes one entry of `tier`, streaming large ones.
-async fn check(store: &Store, tier: Tier, key: &Key) -> Result<Check> {
+/// A large blob's stored outboard against the one its bytes give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outboard {
+    /// Right (or a kv entry, which needs none).
+    Good,
+    Missing,
+    Damaged,
+}
+
+/// Re-hashes one entry of `tier`, streaming large ones; a large one's
+/// outboard is checked too, and stored if `repair` and it is missing or
+/// damaged.
+async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Check> {
     let engine: &dyn Backend = match tier {
         Tier::Kv => store.kv().as_ref(),
         Tier::Large => store.large_engine()?.as_ref(),
@@ -81,7 +119,9 @@ async fn check(store: &Store, tier: Tier, key: &Key) -> Result<Check> {
     let Some(mut reader) = reader else {
         return Ok(Check::Vanished);
     };
-    let mut hasher = blake3::Hasher::new();
+    // One pass gives the key and, for a large blob, the outboard to hold
+    // the stored one against.
+    let mut builder = outboard::Builder::new();
     let mut buf = vec![0u8; 1024 * 1024];
     let mut n = 0u64;
     loop {
@@ -92,21 +132,71 @@ async fn check(store: &Store, tier: Tier, key: &Key) -> Result<Check> {
         if got == 0 {
             break;
         }
-        hasher.update(&buf[..got]);
+        builder.update(&buf[..got]);
         n += got as u64;
     }
-    let actual = Key::from_hash(hasher.finalize());
+    let (actual, computed) = builder.finish();
     if actual != *key {
-        return Ok(Check::Corrupt(format!(
-            "content ({n} bytes) hashes to {actual}"
-        )));
+        let mut detail = format!("content ({n} bytes) hashes to {actual}");
+        if tier == Tier::Large
+            && let Some(at) = first_bad_offset(store, key).await
+        {
+            detail.push_str(&format!(
+                "; the first damaged 16 KiB group starts at byte {at}"
+            ));
+        }
+        return Ok(Check::Corrupt(detail));
     }
     if n != recorded {
         return Ok(Check::Corrupt(format!(
             "recorded size is {recorded} bytes but the content has {n}"
         )));
     }
-    Ok(Check::Ok(n))
+    if tier == Tier::Kv || computed.is_empty() {
+        return Ok(Check::Ok(n, Outboard::Good));
+    }
+    let large = store.large_engine()?;
+    let stored = match large.read_outboard(key, 0, computed.len() as u64).await {
+        Ok(Some(b)) if b[..] == computed[..] => Outboard::Good,
+        Ok(Some(_)) | Err(Error::InvalidRange { .. }) => Outboard::Damaged,
+        Ok(None) => Outboard::Missing,
+        Err(e) => return Err(e),
+    };
+    if stored != Outboard::Good && repair {
+        large.put_outboard(key, computed.into()).await?;
+    }
+    Ok(Check::Ok(n, stored))
+}
+
+/// Where a corrupt large blob's damage starts, found through its stored
+/// outboard (window by window, stopping at the first bad one); `None`
+/// when it has no usable outboard.
+async fn first_bad_offset(store: &Store, key: &Key) -> Option<u64> {
+    let large = store.large_engine().ok()?;
+    let size = large.size(key).await.ok()??;
+    // Only with a stored outboard: the fallback would compute one from the
+    // damaged bytes, which locates nothing.
+    large
+        .read_outboard(key, 0, outboard::outboard_len(size))
+        .await
+        .ok()??;
+    let mut r = store.open_range_verified(key, 0, size).await.ok()??;
+    let mut sink = vec![0u8; 1 << 20];
+    loop {
+        match r.read(&mut sink).await {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) => {
+                return match e.into_inner()?.downcast::<Error>() {
+                    Ok(err) => match *err {
+                        Error::CorruptAt { offset, .. } => Some(offset),
+                        _ => None,
+                    },
+                    Err(_) => None,
+                };
+            }
+        }
+    }
 }
 
 impl Store {
@@ -153,6 +243,17 @@ impl Store {
 
     /// [`Store::verify`] with a progress callback.
     pub async fn verify_with(&self, progress: impl Fn(VerifyProgress)) -> Result<VerifyReport> {
+        self.verify_with_options(VerifyOptions::default(), progress)
+            .await
+    }
+
+    /// [`Store::verify`] with options (repairing outboards) and a progress
+    /// callback.
+    pub async fn verify_with_options(
+        &self,
+        opts: VerifyOptions,
+        progress: impl Fn(VerifyProgress),
+    ) -> Result<VerifyReport> {
         self.check_open()?;
         let mut report = VerifyReport::default();
         let tiers = std::iter::once(Tier::Kv).chain(self.large().map(|_| Tier::Large));
@@ -162,10 +263,21 @@ impl Store {
                 Tier::Large => self.large_engine()?.list(),
             };
             while let Some(key) = keys.try_next().await? {
-                match check(self, tier, &key).await? {
-                    Check::Ok(n) => {
+                match check(self, tier, &key, opts.repair_outboards).await? {
+                    Check::Ok(n, ob) => {
                         report.checked += 1;
                         report.bytes += n;
+                        match ob {
+                            Outboard::Good => {}
+                            Outboard::Missing => report.outboards_missing += 1,
+                            Outboard::Damaged => {
+                                tracing::warn!(%key, "damaged outboard");
+                                report.outboards_damaged += 1;
+                            }
+                        }
+                        if ob != Outboard::Good && opts.repair_outboards {
+                            report.outboards_repaired += 1;
+                        }
                     }
                     Check::Vanished => report.vanished += 1,
                     Check::Corrupt(detail) => {

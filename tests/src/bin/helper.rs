@@ -507,16 +507,16 @@ async fn s3_put_then_die(bucket: &str, prefix: &str, mib: u64) {
         .lease_ttl(Duration::from_secs(3));
     let engine = S3Backend::open(opts).await.expect("open s3");
     let mut w = engine.begin_write().await.expect("begin");
-    let mut hash = blake3::Hasher::new();
+    let mut hash = alkblobs::outboard::Builder::new();
     for i in 0..mib {
         let chunk = alkblobs_tests::data(i, 1 << 20);
         hash.update(&chunk);
         w.write(chunk.into()).await.expect("write");
     }
-    let key = alkblobs::Key::from_hash(hash.finalize());
+    let (key, outboard) = hash.finish();
     println!("committing {key}");
     let _ = std::io::stdout().flush();
-    w.commit(&key).await.expect("commit");
+    w.commit(&key, outboard.into()).await.expect("commit");
     println!("committed");
     let _ = std::io::stdout().flush();
     std::future::pending::<()>().await;

@@ -38,6 +38,12 @@ pub(super) fn leaf_keys(dir: &Path, prefix: &str) -> io::Result<Vec<Key>> {
     for e in rd {
         let e = e?;
         let name = e.file_name();
+        if name
+            .to_str()
+            .is_some_and(|n| n.ends_with(super::outboard::SUFFIX))
+        {
+            continue;
+        }
         match name.to_str().and_then(|n| Key::parse(n).ok()) {
             // A file in the wrong shard is not where readers look: not listed.
             Some(k) if k.to_hex().starts_with(prefix) => keys.push(k),

@@ -11,6 +11,8 @@
 //! <root>/staging/<random>.part      named staging files (shared media, or
 //!                                   where unnamed files are unsupported)
 //! <root>/blobs/ab/ab…(64 hex)       committed blobs, read-only (0444), immutable
+//! <root>/blobs/ab/ab…(64 hex).obao  its BLAKE3 outboard (`outboard.rs`), if
+//!                                   the blob is over one 16 KiB group
 //! ```
 //!
 //! # Publishing a blob
@@ -80,6 +82,7 @@ use crate::{Error, Key, Result};
 use alkblobs_core::{all_shards, shard_path};
 
 mod layout;
+mod outboard;
 mod publish;
 mod recovery;
 mod writer;
@@ -418,17 +421,20 @@ impl Backend for LocalBackend {
         self.inner.check_writable("delete a blob")?;
         let inner = self.inner.clone();
         let path = inner.path_of(key);
+        let key = *key;
         blocking(&self.inner.display, move || {
             let size = match not_found_is_none(fs::metadata(&path)) {
                 Ok(Some(m)) => m.len(),
                 Ok(None) => return Ok(None),
                 Err(source) => return Err(inner.err(LocalError::UnableToRead { path, source })),
             };
-            match not_found_is_none(fs::remove_file(&path)) {
+            let removed = match not_found_is_none(fs::remove_file(&path)) {
                 Ok(Some(())) => Ok(Some(size)),
                 Ok(None) => Ok(None),
-                Err(source) => Err(inner.err(LocalError::UnableToDelete { path, source })),
-            }
+                Err(source) => return Err(inner.err(LocalError::UnableToDelete { path, source })),
+            };
+            inner.remove_outboard(&key);
+            removed
         })
         .await
     }
@@ -550,6 +556,37 @@ impl LargeBackend for LocalBackend {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(self.inner.err(LocalError::UnableToRead { path, source })),
         }
+    }
+
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let inner = self.inner.clone();
+        let key = *key;
+        blocking(&self.inner.display, move || {
+            inner.read_outboard(&key, offset, len)
+        })
+        .await
+    }
+
+    async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
+        self.inner.check_writable("put an outboard")?;
+        let inner = self.inner.clone();
+        let key = *key;
+        blocking(&self.inner.display, move || {
+            if !inner.path_of(&key).exists() {
+                return Ok(false);
+            }
+            inner.write_outboard(&key, &outboard)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn outboard_usage(&self) -> Result<Option<u64>> {
+        let inner = self.inner.clone();
+        blocking(&self.inner.display, move || {
+            inner.outboard_usage().map(Some)
+        })
+        .await
     }
 
     async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {

@@ -56,13 +56,19 @@ impl StagedWrite for LocalWrite {
         self.written
     }
 
-    async fn commit(mut self: Box<Self>, key: &Key) -> Result<PutOutcome> {
+    async fn commit(mut self: Box<Self>, key: &Key, outboard: Bytes) -> Result<PutOutcome> {
         let file = self.file.take().ok_or_else(|| self.lost())?;
         self.done = true;
         let inner = self.inner.clone();
         let path = self.path.clone();
         let key = *key;
         blocking(&self.inner.display, move || {
+            if let Err(e) = inner.outboard_before_commit(&key, &outboard) {
+                if let Some(p) = &path {
+                    let _ = fs::remove_file(p);
+                }
+                return Err(e);
+            }
             inner.commit_staged(file, path.as_deref(), &key)
         })
         .await

@@ -131,7 +131,8 @@ impl Backend for PgLoBackend {
             let n = rest.len().min(WINDOW);
             w.write(rest.split_to(n)).await?;
         }
-        w.commit(key).await
+        // Engines never hash: an engine-level put stores no outboard.
+        w.commit(key, Bytes::new()).await
     }
 
     async fn delete(&self, key: &Key) -> Result<Option<u64>> {
@@ -276,6 +277,43 @@ impl LargeBackend for PgLoBackend {
         });
         let stream = tokio_stream_from(rx);
         Ok(Some(Box::pin(tokio_util::io::StreamReader::new(stream))))
+    }
+
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let c = self.pg.conn().await.map_err(|e| rename(e, self))?;
+        let k = key.as_bytes().to_vec();
+        let off = i64::try_from(offset).unwrap_or(i64::MAX);
+        let len = i32::try_from(len).unwrap_or(i32::MAX);
+        let row = c
+            .query_typed_one(
+                "SELECT alkblobs_lo_outboard($1, $2, $3, $4)",
+                &[
+                    (&self.pg.name(), Type::TEXT),
+                    (&k, Type::BYTEA),
+                    (&off, Type::INT8),
+                    (&len, Type::INT4),
+                ],
+            )
+            .await
+            .map_err(|e| db_err(self, Some(*key), e))?;
+        Ok(row.get::<_, Option<Vec<u8>>>(0).map(Bytes::from))
+    }
+
+    async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
+        let c = self.pg.conn().await.map_err(|e| rename(e, self))?;
+        let k = key.as_bytes().to_vec();
+        let row = c
+            .query_typed_one(
+                "SELECT alkblobs_lo_put_outboard($1, $2, $3)",
+                &[
+                    (&self.pg.name(), Type::TEXT),
+                    (&k, Type::BYTEA),
+                    (&outboard.as_ref(), Type::BYTEA),
+                ],
+            )
+            .await
+            .map_err(|e| db_err(self, Some(*key), e))?;
+        Ok(row.get(0))
     }
 
     async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {

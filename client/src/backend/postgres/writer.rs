@@ -85,7 +85,7 @@ impl StagedWrite for PgLoWrite<'_> {
         self.written
     }
 
-    async fn commit(mut self: Box<Self>, key: &Key) -> Result<PutOutcome> {
+    async fn commit(mut self: Box<Self>, key: &Key, outboard: Bytes) -> Result<PutOutcome> {
         self.flush().await?;
         let c = InTx::adopt(
             self.conn
@@ -96,12 +96,17 @@ impl StagedWrite for PgLoWrite<'_> {
         let owner = self.pg.owner();
         let created = c
             .query_typed_one(
-                "SELECT alkblobs_lo_commit($1, $2, $3, $4)",
+                "SELECT alkblobs_lo_commit($1, $2, $3, $4, $5)",
                 &[
                     (&self.pg.name(), Type::TEXT),
                     (&k, Type::BYTEA),
                     (&self.loid, Type::OID),
                     (&owner, Type::TEXT),
+                    // None: an engine-level put's (it has none).
+                    (
+                        &(!outboard.is_empty()).then_some(outboard.as_ref()),
+                        Type::BYTEA,
+                    ),
                 ],
             )
             .await;

@@ -19,6 +19,9 @@ use crate::{Error, Key, Result};
 ///                                    fleet's prefix, a key recorded again
 ///                                    after a claimer was handed its
 ///                                    deletion and may still send it
+/// <prefix>/outboards/ab/ab…(64 hex) the blob's BLAKE3 outboard (one for
+///                                    all its generations: it is a function
+///                                    of the key), if it is over 16 KiB
 /// <prefix>/uploads/<random>          a multipart upload in progress: its
 ///                                    object path and upload id, touched
 ///                                    while it runs (abandoned ones are
@@ -115,6 +118,17 @@ impl S3Location {
         } else {
             self.path(&["blobs", &hex[..2], &format!("{hex}.g{generation}")])
         }
+    }
+
+    /// Where the outboard of `key` lives.
+    pub(super) fn outboard(&self, key: &Key) -> Path {
+        let hex = key.to_string();
+        self.path(&["outboards", &hex[..2], &hex])
+    }
+
+    /// The prefix every outboard lives under.
+    pub(super) fn outboards(&self) -> Path {
+        self.path(&["outboards"])
     }
 
     /// The directory of `key`'s shard (its first byte).

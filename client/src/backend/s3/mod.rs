@@ -611,19 +611,14 @@ impl Backend for S3Backend {
 
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
         self.inner.check_writable("put a blob")?;
-        self.inner.publish(key, Source::Memory(value)).await
+        // Engines never hash: an engine-level put stores no outboard.
+        self.inner
+            .publish(key, Source::Memory(value), Bytes::new())
+            .await
     }
 
     async fn delete(&self, key: &Key) -> Result<Option<u64>> {
-        self.inner.check_writable("delete a blob")?;
-        let path = self.inner.opts.location.blob(key);
-        let Some(size) = self.inner.head_size(&path).await? else {
-            return Ok(None);
-        };
-        match self.inner.store.delete(&path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(Some(size)),
-            Err(e) => Err(self.inner.err("delete a blob", e)),
-        }
+        self.delete_through(key, 0).await
     }
 
     fn list(&self) -> KeyStream<'_> {
@@ -765,23 +760,84 @@ impl LargeBackend for S3Backend {
     }
 
     async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
-        let mut freed = self.delete(key).await?;
-        if through == 0 {
-            // Generation 0 only: no later one was ever handed out.
-            return Ok(freed);
-        }
-        for (g, path, size) in self.inner.later_generations(key).await? {
-            if g > through {
-                continue;
-            }
-            match self.inner.store.delete(&path).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
-                    freed.get_or_insert(size);
+        let mut freed = self.inner.delete_generation_0(key).await?;
+        // A generation above `through`: the key was recorded again since
+        // its deletion was handed out, and that object keeps the outboard.
+        let mut later_kept = false;
+        if through > 0 {
+            for (g, path, size) in self.inner.later_generations(key).await? {
+                if g > through {
+                    later_kept = true;
+                    continue;
                 }
-                Err(e) => return Err(self.inner.err("delete a blob", e)),
+                match self.inner.store.delete(&path).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                        freed.get_or_insert(size);
+                    }
+                    Err(e) => return Err(self.inner.err("delete a blob", e)),
+                }
             }
+        }
+        // (Generation 0 only: no later one was ever handed out.) A put of
+        // the key racing this deletion may lose its outboard here: its
+        // blob is then read unverified-by-range until `verify
+        // --repair-outboards`, never lost.
+        if freed.is_some() && !later_kept {
+            self.inner.delete_outboard(key).await?;
         }
         Ok(freed)
+    }
+
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let inner = &self.inner;
+        inner
+            .read_range_at(key, &inner.opts.location.outboard(key), offset, len)
+            .await
+    }
+
+    async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
+        self.inner.check_writable("put an outboard")?;
+        if self.size(key).await?.is_none() {
+            return Ok(false);
+        }
+        self.inner.put_outboard_object(key, outboard).await?;
+        Ok(true)
+    }
+
+    async fn outboard_usage(&self) -> Result<Option<u64>> {
+        let inner = &self.inner;
+        let mut metas = inner.store.list(Some(&inner.opts.location.outboards()));
+        let mut bytes = 0;
+        while let Some(m) = metas
+            .try_next()
+            .await
+            .map_err(|e| inner.err("list outboards", e))?
+        {
+            bytes += m.size;
+        }
+        Ok(Some(bytes))
+    }
+}
+
+impl Inner {
+    /// Deletes the key's own object (generation 0); its size if it was there.
+    async fn delete_generation_0(&self, key: &Key) -> Result<Option<u64>> {
+        self.check_writable("delete a blob")?;
+        let path = self.opts.location.blob(key);
+        let Some(size) = self.head_size(&path).await? else {
+            return Ok(None);
+        };
+        match self.store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(Some(size)),
+            Err(e) => Err(self.err("delete a blob", e)),
+        }
+    }
+
+    async fn delete_outboard(&self, key: &Key) -> Result<()> {
+        match self.store.delete(&self.opts.location.outboard(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.err("delete an outboard", e)),
+        }
     }
 }
 

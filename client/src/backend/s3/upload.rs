@@ -83,8 +83,41 @@ fn marker_body(path: &Path, upload_id: &str) -> PutPayload {
 }
 
 impl Inner {
-    /// Publishes `source` under `key` unless it is present.
-    pub(super) async fn publish(&self, key: &Key, source: Source) -> Result<PutOutcome> {
+    /// Publishes `source` under `key` unless it is present, and its
+    /// outboard beside it (written whether or not the blob was present, so
+    /// a put mends a blob stored without one; beside the upload, not before
+    /// it: a put that fails either way fails, and a retry writes both).
+    pub(super) async fn publish(
+        &self,
+        key: &Key,
+        source: Source,
+        outboard: Bytes,
+    ) -> Result<PutOutcome> {
+        let (outcome, ob) = futures::join!(
+            self.publish_blob(key, source),
+            self.put_outboard_object(key, outboard)
+        );
+        ob?;
+        outcome
+    }
+
+    /// Writes `key`'s outboard object (none when it is empty).
+    pub(super) async fn put_outboard_object(&self, key: &Key, outboard: Bytes) -> Result<()> {
+        if outboard.is_empty() {
+            return Ok(());
+        }
+        self.check_writable("put an outboard")?;
+        self.store
+            .put(
+                &self.opts.location.outboard(key),
+                PutPayload::from(outboard),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| self.err("put an outboard", e))
+    }
+
+    async fn publish_blob(&self, key: &Key, source: Source) -> Result<PutOutcome> {
         // The generation the fleet's database handed this put (0 off a
         // fleet, and for almost every key on one).
         let path = self

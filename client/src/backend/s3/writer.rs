@@ -113,7 +113,7 @@ impl StagedWrite for S3Write {
         self.written
     }
 
-    async fn commit(mut self: Box<Self>, key: &Key) -> Result<PutOutcome> {
+    async fn commit(mut self: Box<Self>, key: &Key, outboard: Bytes) -> Result<PutOutcome> {
         if self.failed {
             return Err(Error::engine(
                 &self.inner.display,
@@ -126,7 +126,7 @@ impl StagedWrite for S3Write {
             (None, Some(whole)) => Source::Memory(whole),
             (None, None) => Source::Memory(std::mem::take(&mut self.memory).freeze()),
         };
-        self.inner.publish(key, source).await
+        self.inner.publish(key, source, outboard).await
     }
 
     async fn abort(self: Box<Self>) -> Result<()> {

@@ -12,12 +12,75 @@ const STDOUT_HOLD: u64 = 64 << 20;
 use crate::ctx::Ctx;
 use crate::exit::{Exit, Fail, Res};
 
-pub async fn get(ctx: &Ctx, key: Key, output: Option<&Path>) -> Res {
+/// A `--range`: HTTP's byte-range forms, END inclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteRange {
+    /// `START-END`, or `START-` (to the end) with `None`.
+    From(u64, Option<u64>),
+    /// `-N`: the last N bytes.
+    Suffix(u64),
+}
+
+impl ByteRange {
+    /// `(offset, len)` in a blob of `size` bytes; `None` if unsatisfiable
+    /// (a start at or past the end, or an empty suffix).
+    pub fn resolve(self, size: u64) -> Option<(u64, u64)> {
+        match self {
+            ByteRange::From(start, _) if start >= size => None,
+            ByteRange::From(start, end) => {
+                let last = end.map_or(size - 1, |e| e.min(size - 1));
+                Some((start, last - start + 1))
+            }
+            ByteRange::Suffix(n) if n == 0 || size == 0 => None,
+            ByteRange::Suffix(n) => {
+                let n = n.min(size);
+                Some((size - n, n))
+            }
+        }
+    }
+}
+
+/// Parses `START-END`, `START-` or `-N`.
+pub fn range_arg(s: &str) -> Result<ByteRange, String> {
+    let bad = || format!("{s:?} is not a byte range: START-END (END inclusive), START- or -N");
+    let num = |t: &str| {
+        (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| t.parse::<u64>().ok())
+            .flatten()
+            .ok_or_else(bad)
+    };
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    match (a.is_empty(), b.is_empty()) {
+        (true, true) => Err(bad()),
+        (true, false) => Ok(ByteRange::Suffix(num(b)?)),
+        (false, true) => Ok(ByteRange::From(num(a)?, None)),
+        (false, false) => {
+            let (start, end) = (num(a)?, num(b)?);
+            if end < start {
+                return Err(format!("{s:?}: END is before START"));
+            }
+            Ok(ByteRange::From(start, Some(end)))
+        }
+    }
+}
+
+pub async fn get(ctx: &Ctx, key: Key, output: Option<&Path>, range: Option<ByteRange>) -> Res {
     let store = ctx.open_read().await?;
-    let mut reader = store
-        .open_read_verified(&key)
-        .await?
-        .ok_or(Error::NotFound { key })?;
+    let reader = match range {
+        None => store.open_read_verified(&key).await?,
+        Some(r) => {
+            let size = store.stat(&key).await?.ok_or(Error::NotFound { key })?.size;
+            let (offset, len) = r.resolve(size).ok_or_else(|| {
+                Fail::new(
+                    Exit::BadInput,
+                    format!("range {r:?} is not satisfiable: blob {key} has {size} bytes"),
+                )
+            })?;
+            // Every byte it yields was checked through the outboard first.
+            store.open_range_verified(&key, offset, len).await?
+        }
+    };
+    let mut reader = reader.ok_or(Error::NotFound { key })?;
     // The verifying reader fails with `InvalidData` when the content does
     // not hash to its key.
     let read_fail = |e: std::io::Error| {

@@ -99,12 +99,17 @@ enum Command {
     /// Store files (or `-` for stdin), creating the store if need be; prints
     /// each key on its own line.
     Put {
-        /// Files to store; `-` reads standard input.
+        /// Files to store; `-` reads standard input. A file that cannot be
+        /// read is reported at the end (exit 2) after the others are stored.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// Also record each key as a root, so no sweep collects it.
         #[arg(long)]
         root: bool,
+        /// Store every file under each directory given, recursively (with
+        /// --json, each path paired with its key).
+        #[arg(short, long)]
+        recursive: bool,
     },
     /// Write a blob to stdout or a file, verifying its hash.
     Get {
@@ -114,6 +119,11 @@ enum Command {
         /// Write to FILE (atomically, only if the content verifies).
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Only bytes START to END, END inclusive as in HTTP (`START-END`,
+        /// `START-` to the end, `-N` the last N), verified through the
+        /// blob's outboard without reading the rest.
+        #[arg(long, value_name = "START-END", value_parser = get::range_arg)]
+        range: Option<get::ByteRange>,
     },
     /// Show a blob's size and tier.
     Stat {
@@ -128,7 +138,13 @@ enum Command {
         long: bool,
     },
     /// Re-hash every blob; exit 4 and name each corrupt or missing key.
-    Verify,
+    Verify {
+        /// Store the BLAKE3 outboard of every intact large blob that has
+        /// none (stored before outboards) or a damaged one, so its ranges
+        /// verify without reading it whole.
+        #[arg(long)]
+        repair_outboards: bool,
+    },
     /// Entries and bytes per tier.
     Usage,
     /// Manage roots: keys the garbage collector treats as live.
@@ -233,11 +249,17 @@ async fn run(cli: Cli) -> Res {
         opened: Default::default(),
     };
     let result = match &cli.command {
-        Command::Put { files, root } => put::put(&ctx, files, *root).await,
-        Command::Get { key, output } => get::get(&ctx, *key, output.as_deref()).await,
+        Command::Put {
+            files,
+            root,
+            recursive,
+        } => put::put(&ctx, files, *root, *recursive).await,
+        Command::Get { key, output, range } => {
+            get::get(&ctx, *key, output.as_deref(), *range).await
+        }
         Command::Stat { key } => stat::stat(&ctx, *key).await,
         Command::Ls { long } => ls::ls(&ctx, *long).await,
-        Command::Verify => verify::verify(&ctx).await,
+        Command::Verify { repair_outboards } => verify::verify(&ctx, *repair_outboards).await,
         Command::Usage => usage::usage(&ctx).await,
         Command::Roots { action } => roots::roots(&ctx, action).await,
         Command::Gc {

@@ -23,7 +23,16 @@ pub async fn usage(ctx: &Ctx) -> Res {
     if let Some(l) = &u.large {
         row("large", l.entries, l.bytes, &l.engine);
     }
-    let total = u.kv.bytes + u.large.as_ref().map_or(0, |l| l.bytes);
+    let outboards = u.large.as_ref().and_then(|l| l.outboard_bytes);
+    if let Some(ob) = outboards {
+        println!(
+            "{:<6} {:>10} {:>12}  (BLAKE3 outboards of large blobs)",
+            "",
+            "",
+            HumanBytes(ob).to_string()
+        );
+    }
+    let total = u.kv.bytes + u.large.as_ref().map_or(0, |l| l.bytes) + outboards.unwrap_or(0);
     println!(
         "total  {:>10} {:>12}",
         u.kv.entries + u.large.as_ref().map_or(0, |l| l.entries),

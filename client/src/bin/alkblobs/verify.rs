@@ -1,16 +1,24 @@
 //! `verify`: re-hash every blob.
 
+use alkblobs::VerifyOptions;
 use indicatif::HumanBytes;
 
 use crate::ctx::Ctx;
 use crate::exit::{Exit, Fail, Res};
 use crate::output::print_json;
 
-pub async fn verify(ctx: &Ctx) -> Res {
-    let store = ctx.open_read().await?;
+pub async fn verify(ctx: &Ctx, repair_outboards: bool) -> Res {
+    let store = if repair_outboards {
+        ctx.open_write().await?
+    } else {
+        ctx.open_read().await?
+    };
     let pb = ctx.bar(None, "{spinner} verifying: {msg}");
+    let opts = VerifyOptions::default().repair_outboards(repair_outboards);
     let report = store
-        .verify_with(|p| pb.set_message(format!("{} blobs, {}", p.checked, HumanBytes(p.bytes))))
+        .verify_with_options(opts, |p| {
+            pb.set_message(format!("{} blobs, {}", p.checked, HumanBytes(p.bytes)))
+        })
         .await?;
     pb.finish_and_clear();
     if ctx.json {
@@ -29,6 +37,19 @@ pub async fn verify(ctx: &Ctx) -> Res {
             report.corrupt.len(),
             report.missing.len()
         );
+        let unusable = report.outboards_missing + report.outboards_damaged;
+        if unusable > 0 {
+            println!(
+                "outboards: {} missing, {} damaged, {}",
+                report.outboards_missing,
+                report.outboards_damaged,
+                if report.outboards_repaired > 0 {
+                    format!("{} repaired", report.outboards_repaired)
+                } else {
+                    "their blobs' ranges verify by reading them whole (alkblobs verify --repair-outboards)".to_owned()
+                }
+            );
+        }
     }
     if report.is_clean() {
         return Ok(());

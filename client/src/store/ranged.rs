@@ -1,0 +1,352 @@
+//! Verified ranged reads: any range of a large blob checked against its
+//! key through the blob's BLAKE3 outboard ([`crate::outboard`]), reading
+//! only the 16 KiB chunk groups the range covers and the outboard entries
+//! on their paths to the root.
+//!
+//! A blob without a usable outboard (stored before outboards existed, or
+//! its outboard damaged) is still read verified: the reader streams the
+//! whole blob once through the outboard builder, checks the key, and then
+//! verifies the range against the outboard it computed. That costs a whole
+//! read, which is why `stat` says so and `verify --repair-outboards` stores
+//! the outboard.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use tokio::io::AsyncReadExt;
+use tokio::sync::OnceCell;
+use tracing::Instrument;
+
+use super::{Store, Tier};
+use crate::backend::{BlobReader, LargeBackend, clamp_range};
+use crate::outboard::{self, Mismatch, PAIR};
+use crate::{Error, Key, Result};
+
+/// Bytes one step of a verified stream reads and checks (a whole number
+/// of chunk groups).
+const WINDOW: u64 = 4 << 20;
+
+/// Outboard entries closer than this are read in one request.
+const OUTBOARD_GAP: u64 = 16 * 1024;
+
+/// Windows of a verified stream in flight at once (reading the next while
+/// one is checked).
+const AHEAD: usize = 2;
+
+/// Whether a large blob's ranges can be verified without reading it whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RangeCheck {
+    /// By its outboard (or it is small enough to need none; kv blobs too,
+    /// which are read whole).
+    Outboard,
+    /// It has no outboard: a verified range costs reading the whole blob
+    /// (`alkblobs verify --repair-outboards` stores one).
+    WholeBlob,
+}
+
+/// One large blob being read verified.
+struct Verifier {
+    large: Arc<dyn LargeBackend>,
+    key: Key,
+    size: u64,
+    /// The outboard computed from the whole blob, once the stored one
+    /// turned out missing or damaged.
+    computed: OnceCell<Bytes>,
+}
+
+impl Verifier {
+    fn corrupt_at(&self, offset: u64) -> Error {
+        Error::CorruptAt {
+            key: self.key,
+            engine: self.large.to_string(),
+            offset,
+        }
+    }
+
+    /// The verified bytes of `range` (inside the blob, not empty).
+    async fn window(&self, range: Range<u64>) -> Result<Bytes> {
+        let plan = outboard::plan(self.size, range.clone());
+        let want = plan.data.end - plan.data.start;
+        let data = self
+            .large
+            .read_range(&self.key, plan.data.start, want)
+            .await?
+            .ok_or(Error::NotFound { key: self.key })?;
+        if (data.len() as u64) < want {
+            // Shorter than its recorded size: damaged from where it ends.
+            return Err(self.corrupt_at(plan.data.start + data.len() as u64));
+        }
+        let checked = match self.computed.get() {
+            Some(ob) => Some(check_with(&self.key, &plan, data.clone(), ob.clone()).await?),
+            None => self.check_stored(&plan, data.clone()).await?,
+        };
+        let verdict = match checked {
+            Some(v) => v,
+            None => {
+                let ob = self.computed_outboard().await?;
+                check_with(&self.key, &plan, data.clone(), ob).await?
+            }
+        };
+        match verdict {
+            Ok(()) => {
+                let from = (range.start - plan.data.start) as usize;
+                Ok(data.slice(from..from + (range.end - range.start) as usize))
+            }
+            Err(Mismatch::Data(at)) => Err(self.corrupt_at(at)),
+            // The computed outboard is right for the key (it was checked):
+            // an outboard mismatch against it is data damage too.
+            Err(Mismatch::Outboard(at)) => Err(self.corrupt_at(at)),
+        }
+    }
+
+    /// Checks against the stored outboard: `None` when there is none or it
+    /// is damaged (the caller falls back to computing one).
+    async fn check_stored(
+        &self,
+        plan: &outboard::Plan,
+        data: Bytes,
+    ) -> Result<Option<std::result::Result<(), Mismatch>>> {
+        let mut windows = Vec::new();
+        for w in plan.outboard_windows(OUTBOARD_GAP) {
+            let got = match self
+                .large
+                .read_outboard(&self.key, w.start, w.end - w.start)
+                .await
+            {
+                Ok(Some(b)) => b,
+                // No outboard, or one shorter than the tree: not usable.
+                Ok(None) | Err(Error::InvalidRange { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            windows.push((w.start, got));
+        }
+        let verdict = check_blocking(self.key, plan.clone(), data, windows).await?;
+        match verdict {
+            Err(Mismatch::Outboard(at)) => {
+                tracing::warn!(key = %self.key, engine = %self.large, offset = at,
+                    "the stored outboard is damaged; verifying by the whole blob (alkblobs verify --repair-outboards mends it)");
+                Ok(None)
+            }
+            v => Ok(Some(v)),
+        }
+    }
+
+    /// The outboard of the whole blob, streamed through the builder once
+    /// and checked against the key.
+    async fn computed_outboard(&self) -> Result<Bytes> {
+        self.computed
+            .get_or_try_init(|| async {
+                let (key, ob, n) = outboard_of_stream(self.large.as_ref(), &self.key).await?;
+                if key != self.key || n != self.size {
+                    return Err(Error::Corrupt {
+                        key: self.key,
+                        engine: self.large.to_string(),
+                        detail: format!("its {n} bytes hash to {key}"),
+                    });
+                }
+                Ok(Bytes::from(ob))
+            })
+            .await
+            .cloned()
+    }
+}
+
+/// Streams a large blob through the outboard builder: its key, outboard and
+/// length (hashing off the async workers).
+pub(crate) async fn outboard_of_stream(
+    large: &dyn LargeBackend,
+    key: &Key,
+) -> Result<(Key, Vec<u8>, u64)> {
+    let mut reader = large
+        .open_read(key)
+        .await?
+        .ok_or(Error::NotFound { key: *key })?;
+    let mut builder = outboard::Builder::new();
+    loop {
+        let mut buf = Vec::with_capacity(super::CHUNK);
+        let n = (&mut reader)
+            .take(super::CHUNK as u64)
+            .read_to_end(&mut buf)
+            .await
+            .map_err(|e| Error::engine(large, format!("reading {key}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        builder = tokio::task::spawn_blocking(move || {
+            builder.update(&buf);
+            builder
+        })
+        .await
+        .map_err(|e| Error::engine("blake3", format!("a hashing task failed: {e}")))?;
+    }
+    let n = builder.len();
+    let (k, ob) = builder.finish();
+    Ok((k, ob, n))
+}
+
+/// Checks `data` against an outboard held whole in memory.
+async fn check_with(
+    key: &Key,
+    plan: &outboard::Plan,
+    data: Bytes,
+    ob: Bytes,
+) -> Result<std::result::Result<(), Mismatch>> {
+    check_blocking(*key, plan.clone(), data, vec![(0, ob)]).await
+}
+
+/// Runs [`outboard::check`] off the async workers, the outboard given as
+/// windows `(start, bytes)`.
+async fn check_blocking(
+    key: Key,
+    plan: outboard::Plan,
+    data: Bytes,
+    windows: Vec<(u64, Bytes)>,
+) -> Result<std::result::Result<(), Mismatch>> {
+    let run = move || {
+        outboard::check(&key, &plan, &data, |o| {
+            let (start, w) = windows
+                .iter()
+                .rev()
+                .find(|(s, w)| *s <= o && o + PAIR <= s + w.len() as u64)?;
+            let at = (o - start) as usize;
+            w.get(at..at + PAIR as usize)?.try_into().ok()
+        })
+    };
+    tokio::task::spawn_blocking(run)
+        .await
+        .map_err(|e| Error::engine("blake3", format!("a verifying task failed: {e}")))
+}
+
+impl Store {
+    /// The large engine's verifier for `key`, or `None` if it holds no
+    /// such blob.
+    async fn verifier(&self, key: &Key) -> Result<Option<Verifier>> {
+        let Some(large) = self.large() else {
+            return Ok(None);
+        };
+        let Some(size) = large.size(key).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Verifier {
+            large: large.clone(),
+            key: *key,
+            size,
+            computed: OnceCell::new(),
+        }))
+    }
+
+    /// Up to `len` bytes from `offset` (clamped to the end), verified
+    /// against the key, or `None`. A large blob's range is checked through
+    /// its outboard: only the 16 KiB chunk groups it covers and their path
+    /// to the root are read. Damage is [`Error::CorruptAt`], naming the
+    /// first bad offset; `offset` past the end is [`Error::InvalidRange`].
+    pub async fn get_range_verified(
+        &self,
+        key: &Key,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Bytes>> {
+        self.check_open()?;
+        let span = tracing::debug_span!("get_range_verified", %key, offset, len);
+        async {
+            if let Some(v) = self.kv().get(key).await? {
+                return self.kv_range_verified(key, v, offset, len).await.map(Some);
+            }
+            let Some(verifier) = self.verifier(key).await? else {
+                return Ok(None);
+            };
+            let r = clamp_range(key, verifier.size, offset, len)?;
+            if r.is_empty() {
+                return Ok(Some(Bytes::new()));
+            }
+            verifier.window(r).await.map(Some)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// A kv value verified whole (it is at most the threshold), then sliced.
+    async fn kv_range_verified(&self, key: &Key, v: Bytes, offset: u64, len: u64) -> Result<Bytes> {
+        let actual = super::put::hash(&v).await;
+        if actual != *key {
+            return Err(Error::Corrupt {
+                key: *key,
+                engine: self.kv().to_string(),
+                detail: format!("its {} bytes hash to {actual}", v.len()),
+            });
+        }
+        crate::backend::slice_range(key, &v, offset, len)
+    }
+
+    /// A reader over up to `len` bytes from `offset` that yields only
+    /// verified bytes: each 4 MiB window is checked through the outboard
+    /// before any of it is returned (the next window is read meanwhile),
+    /// and damage fails the read that reaches it with
+    /// `io::ErrorKind::InvalidData` naming the first bad offset. `None` if
+    /// the key is absent.
+    pub async fn open_range_verified(
+        &self,
+        key: &Key,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<BlobReader>> {
+        self.check_open()?;
+        if let Some(v) = self.kv().get(key).await? {
+            let v = self.kv_range_verified(key, v, offset, len).await?;
+            return Ok(Some(Box::pin(std::io::Cursor::new(v))));
+        }
+        let Some(verifier) = self.verifier(key).await? else {
+            return Ok(None);
+        };
+        let r = clamp_range(key, verifier.size, offset, len)?;
+        let verifier = Arc::new(verifier);
+        // Window edges on chunk-group multiples of WINDOW, so every window
+        // but the first and last is whole.
+        let mut edges = Vec::new();
+        let mut at = r.start;
+        while at < r.end {
+            let next = ((at / WINDOW + 1) * WINDOW).min(r.end);
+            edges.push(at..next);
+            at = next;
+        }
+        let stream = futures::stream::iter(edges)
+            .map(move |w| {
+                let v = verifier.clone();
+                async move { v.window(w).await }
+            })
+            .buffered(AHEAD)
+            .map_err(io_error);
+        Ok(Some(Box::pin(tokio_util::io::StreamReader::new(stream))))
+    }
+
+    /// Whether `key`'s ranges can be verified without reading it whole, or
+    /// `None` if it is absent.
+    pub async fn range_check(&self, key: &Key) -> Result<Option<RangeCheck>> {
+        self.check_open()?;
+        let Some((size, tier)) = self.first(self.kv().size(key), |l| l.size(key)).await? else {
+            return Ok(None);
+        };
+        if tier == Tier::Kv || outboard::outboard_len(size) == 0 {
+            return Ok(Some(RangeCheck::Outboard));
+        }
+        let stored = self.large_engine()?.read_outboard(key, 0, 0).await;
+        Ok(Some(match stored {
+            Ok(Some(_)) => RangeCheck::Outboard,
+            Ok(None) | Err(Error::InvalidRange { .. }) => RangeCheck::WholeBlob,
+            Err(e) => return Err(e),
+        }))
+    }
+}
+
+/// A verified read's error as the reader's I/O error: damage is
+/// `InvalidData` (as [`Store::open_read_verified`] reports it).
+fn io_error(e: Error) -> std::io::Error {
+    if e.kind() == crate::ErrorKind::Corrupt {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, e)
+    } else {
+        std::io::Error::other(e)
+    }
+}
