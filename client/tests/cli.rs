@@ -539,3 +539,176 @@ fn explain_says_why_a_key_is_or_is_not_live() {
     assert_eq!(code(&o), 3);
     assert!(stdout(&o).contains("not in the pool"), "{}", stdout(&o));
 }
+
+/// A blob of several 16 KiB groups, over the default kv threshold.
+fn groups_blob(len: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect()
+}
+
+#[test]
+fn get_range_reads_verified_ranges_and_names_the_damaged_group() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let big = groups_blob(300_000);
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    let key = ok(d, &["put", "big.bin"]).trim().to_owned();
+    let range = |r: &str| run(d, &["get", &key, "--range", r]);
+    assert_eq!(range("1000-1999").stdout, big[1000..2000]);
+    assert_eq!(range("299990-").stdout, big[299_990..]);
+    assert_eq!(range("-5").stdout, big[299_995..]);
+    assert_eq!(range("0-999999").stdout, big, "END past the end is clamped");
+    for unsatisfiable in ["300000-", "300000-300001", "-0"] {
+        let o = range(unsatisfiable);
+        assert_eq!(code(&o), 2, "{unsatisfiable}: {}", stderr(&o));
+        assert!(stderr(&o).contains("not satisfiable"), "{}", stderr(&o));
+    }
+    for malformed in ["5-3", "abc", "-", "1-2-3", "+1-2"] {
+        assert_eq!(code(&range(malformed)), 2, "{malformed}");
+    }
+    ok(d, &["get", &key, "--range", "100-199", "-o", "part.bin"]);
+    assert_eq!(std::fs::read(d.join("part.bin")).unwrap(), big[100..200]);
+
+    // One flipped byte: ranges elsewhere still read, the damaged group's
+    // range fails (exit 4) naming where the damage starts, writing nothing.
+    let path = d.join("data/large/blobs").join(&key[0..2]).join(&key);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[200_000] ^= 0x10;
+    std::fs::write(&path, bytes).unwrap();
+    assert_eq!(range("0-99").stdout, big[..100]);
+    assert_eq!(range("280000-").stdout, big[280_000..]);
+    let o = range("199000-201000");
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    let group = 200_000 / 16_384 * 16_384;
+    assert!(
+        stderr(&o).contains(&format!("from byte {group}")),
+        "{}",
+        stderr(&o)
+    );
+    assert!(o.stdout.is_empty(), "no unverified byte reaches stdout");
+    let o = run(
+        d,
+        &["get", &key, "--range", "199000-201000", "-o", "bad.bin"],
+    );
+    assert_eq!(code(&o), 4);
+    assert!(!d.join("bad.bin").exists());
+    let o = run(d, &["verify"]);
+    assert_eq!(code(&o), 4);
+    assert!(
+        stdout(&o).contains(&format!(
+            "the first damaged 16 KiB group starts at byte {group}"
+        )),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn stat_says_how_ranges_verify_and_verify_repairs_missing_outboards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let big = groups_blob(500_000);
+    std::fs::write(d.join("big.bin"), &big).unwrap();
+    let key = ok(d, &["put", "big.bin"]).trim().to_owned();
+    let ranges = || {
+        let stat: serde_json::Value =
+            serde_json::from_str(&ok(d, &["--json", "stat", &key])).unwrap();
+        stat["ranges"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(ranges(), "outboard");
+    let usage: serde_json::Value = serde_json::from_str(&ok(d, &["usage", "--json"])).unwrap();
+    let groups = 500_000u64.div_ceil(16_384);
+    assert_eq!(usage["large"]["outboard_bytes"], 64 * (groups - 1));
+
+    // As if stored before outboards: ranges still read verified (by the
+    // whole blob), stat and verify say so, and the repair mends it.
+    let ob = d
+        .join("data/large/blobs")
+        .join(&key[0..2])
+        .join(format!("{key}.obao"));
+    std::fs::remove_file(&ob).unwrap();
+    assert_eq!(ranges(), "whole_blob");
+    assert!(ok(d, &["stat", &key]).contains("no outboard"));
+    assert_eq!(
+        run(d, &["get", &key, "--range", "70000-70099"]).stdout,
+        big[70_000..70_100]
+    );
+    let report: serde_json::Value = serde_json::from_str(&ok(d, &["verify", "--json"])).unwrap();
+    assert_eq!(report["outboards_missing"], 1);
+    assert!(ok(d, &["verify"]).contains("1 missing, 0 damaged"));
+    // A damaged outboard is found too (the blob is intact: exit 0).
+    std::fs::write(&ob, vec![0u8; 64 * (groups as usize - 1)]).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&ok(d, &["verify", "--json"])).unwrap();
+    assert_eq!(report["outboards_damaged"], 1);
+    assert_eq!(
+        run(d, &["get", &key, "--range", "-100"]).stdout,
+        big[big.len() - 100..],
+        "a damaged outboard is read around"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(d, &["verify", "--repair-outboards", "--json"])).unwrap();
+    assert_eq!(report["outboards_repaired"], 1);
+    assert_eq!(ranges(), "outboard");
+    let report: serde_json::Value = serde_json::from_str(&ok(d, &["verify", "--json"])).unwrap();
+    assert_eq!(
+        (&report["outboards_missing"], &report["outboards_damaged"]),
+        (&serde_json::json!(0), &serde_json::json!(0))
+    );
+}
+
+#[test]
+fn put_r_stores_a_tree_and_reports_what_it_could_not_read_at_the_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::create_dir_all(d.join("tree/a/c")).unwrap();
+    std::fs::write(d.join("tree/a/b.txt"), b"b").unwrap();
+    std::fs::write(d.join("tree/a/c/d.bin"), groups_blob(100_000)).unwrap();
+    std::fs::write(d.join("tree/e.txt"), b"e").unwrap();
+    std::os::unix::fs::symlink("/nonexistent/target", d.join("tree/dangling")).unwrap();
+    std::fs::write(d.join("other.txt"), b"other").unwrap();
+
+    // A directory without -r is refused; the other inputs are stored.
+    let o = run(d, &["put", "tree", "other.txt"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("tree: is a directory"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o).trim(), b3(b"other"));
+
+    // With -r: every file, in path order, each paired with its key in
+    // --json; an unreadable input in the middle does not stop the rest.
+    let o = run(
+        d,
+        &["--json", "put", "-r", "tree", "missing.bin", "other.txt"],
+    );
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let pairs: Vec<(String, String)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["source"].as_str().unwrap().to_owned(),
+                l["key"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pairs,
+        vec![
+            ("tree/a/b.txt".to_owned(), b3(b"b")),
+            ("tree/a/c/d.bin".to_owned(), b3(&groups_blob(100_000))),
+            ("tree/e.txt".to_owned(), b3(b"e")),
+            ("other.txt".to_owned(), b3(b"other")),
+        ]
+    );
+    let err = stderr(&o);
+    assert!(err.contains("missing.bin: cannot read"), "{err}");
+    assert!(err.contains("1 of 5 inputs could not be stored"), "{err}");
+    assert_eq!(
+        run(d, &["get", &b3(&groups_blob(100_000)), "--range", "0-9"]).stdout,
+        groups_blob(100_000)[..10]
+    );
+}

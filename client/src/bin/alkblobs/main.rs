@@ -122,7 +122,7 @@ enum Command {
         /// Only bytes START to END, END inclusive as in HTTP (`START-END`,
         /// `START-` to the end, `-N` the last N), verified through the
         /// blob's outboard without reading the rest.
-        #[arg(long, value_name = "START-END", value_parser = get::range_arg)]
+        #[arg(long, value_name = "START-END", value_parser = get::range_arg, allow_hyphen_values = true)]
         range: Option<get::ByteRange>,
     },
     /// Show a blob's size and tier.
