@@ -420,3 +420,90 @@ async fn dry_runs_are_bounded_and_pool_settings_are_checked() {
     .unwrap();
     c.batch_execute("ROLLBACK").await.unwrap();
 }
+
+/// A pg-lo entry's outboard: refused at commit or repair when its length
+/// is not the blob's (22023, nothing stored), read back by window, NULL
+/// for an absent key, empty for a blob of one chunk group; NULL and
+/// negative arguments get their SQLSTATEs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outboards_are_length_checked_and_read_by_window() {
+    let c = connect().await;
+    let pool = pool(&c, "outboards", "60 seconds", "60 seconds").await;
+    let value: Vec<u8> = (0..40_000u32).map(|i| (i % 253) as u8).collect();
+    let (k, ob) = alkblobs::outboard::of(&value);
+    assert_eq!(ob.len(), 128, "three 16 KiB groups: two parents");
+    let k = k.as_bytes().to_vec();
+    let commit = async |outboard: Option<&[u8]>| {
+        c.batch_execute("BEGIN").await.unwrap();
+        let oid: u32 = lo_create(&c, &pool).await;
+        c.execute("SELECT alkblobs_lo_write($1, 0, $2)", &[&oid, &value])
+            .await
+            .unwrap();
+        let r = c
+            .execute(
+                "SELECT alkblobs_lo_commit($1, $2, $3, 'w', $4)",
+                &[&pool, &k, &oid, &outboard],
+            )
+            .await
+            .map_err(|e| sqlstate(&e));
+        c.batch_execute(if r.is_ok() { "COMMIT" } else { "ROLLBACK" })
+            .await
+            .unwrap();
+        r.map(|_| ())
+    };
+    assert_eq!(commit(Some(&ob[..64])).await, Err("22023".into()));
+    assert!(!exists(&c, &pool, &k).await, "nothing stored");
+    commit(Some(&ob)).await.unwrap();
+    let window = async |off: i64, len: i32| -> Option<Vec<u8>> {
+        c.query_one(
+            "SELECT alkblobs_lo_outboard($1, $2, $3, $4)",
+            &[&pool, &k, &off, &len],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(window(0, 1000).await.unwrap(), ob);
+    assert_eq!(window(64, 10).await.unwrap(), ob[64..74]);
+    assert_eq!(window(500, 10).await.unwrap(), b"");
+    let absent = key(b"no such outboard");
+    let none: Option<Vec<u8>> = c
+        .query_one(
+            "SELECT alkblobs_lo_outboard($1, $2, 0, 64)",
+            &[&pool, &absent],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(none.is_none());
+    let call = async |sql: &str, outboard: Option<&[u8]>| {
+        c.query_one(sql, &[&pool, &k, &outboard])
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .map_err(|e| sqlstate(&e))
+    };
+    let put = "SELECT alkblobs_lo_put_outboard($1, $2, $3)";
+    assert_eq!(call(put, Some(&ob[..100])).await, Err("22023".into()));
+    assert_eq!(call(put, None).await, Err("22004".into()));
+    assert_eq!(call(put, Some(&ob)).await, Ok(true));
+    assert_eq!(
+        window(0, 1000).await.unwrap(),
+        ob,
+        "unchanged by the refusals"
+    );
+    let absent_put = c
+        .query_one(put, &[&pool, &absent, &Some(&ob[..])])
+        .await
+        .unwrap()
+        .get::<_, bool>(0);
+    assert!(!absent_put, "false for an absent key");
+    for (want, sql) in [
+        ("22004", "SELECT alkblobs_lo_outboard($1, $2, NULL, 10)"),
+        ("22004", "SELECT alkblobs_lo_outboard($1, $2, 0, NULL)"),
+        ("22023", "SELECT alkblobs_lo_outboard($1, $2, -1, 10)"),
+        ("22023", "SELECT alkblobs_lo_outboard($1, $2, 0, -10)"),
+    ] {
+        let got = c.execute(sql, &[&pool, &k]).await.map_err(|e| sqlstate(&e));
+        assert_eq!(got, Err(want.to_owned()), "{sql}");
+    }
+}
