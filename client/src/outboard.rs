@@ -37,8 +37,9 @@ const GROUP_LOG: u8 = 4;
 pub const GROUP: u64 = 16 * 1024;
 /// Bytes of one outboard entry: a parent's two children.
 pub const PAIR: u64 = 64;
-/// From this many whole groups in one update, groups hash on rayon's threads.
-const PARALLEL_GROUPS: usize = 64;
+/// From this many whole groups in one update or check, groups hash on
+/// rayon's threads.
+const PARALLEL_GROUPS: usize = 16;
 
 fn block_size() -> BlockSize {
     BlockSize::from_chunk_log(GROUP_LOG)
@@ -271,6 +272,33 @@ pub fn check(
     data: &[u8],
     mut pair: impl FnMut(u64) -> Option<[u8; 64]>,
 ) -> Result<(), Mismatch> {
+    // Every group's chaining value first, on every core when there are
+    // many; then the walk down the tree compares them in order.
+    let leaves: Vec<(u64, usize, bool)> = plan
+        .tree
+        .ranges_pre_order_chunks_iter_ref(&plan.ranges, 0)
+        .filter_map(|c| match c {
+            BaoChunk::Leaf {
+                start_chunk,
+                size,
+                is_root,
+                ..
+            } => Some((start_chunk.0 * 1024, size, is_root)),
+            BaoChunk::Parent { .. } => None,
+        })
+        .collect();
+    let leaf_cv = |&(at, size, is_root): &(u64, usize, bool)| {
+        let from = (at - plan.data.start) as usize;
+        let bytes = data.get(from..from + size)?;
+        Some(hash_group(at / GROUP, bytes, is_root))
+    };
+    let cvs: Vec<Option<ChainingValue>> = if leaves.len() >= PARALLEL_GROUPS {
+        use rayon::prelude::*;
+        leaves.par_iter().map(leaf_cv).collect()
+    } else {
+        leaves.iter().map(leaf_cv).collect()
+    };
+    let mut cvs = cvs.into_iter();
     let mut stack: Vec<ChainingValue> = vec![*key.as_bytes()];
     let mut nodes = plan.nodes.iter();
     for chunk in plan.tree.ranges_pre_order_chunks_iter_ref(&plan.ranges, 0) {
@@ -302,17 +330,11 @@ pub fn check(
                     stack.push(l);
                 }
             }
-            BaoChunk::Leaf {
-                start_chunk,
-                size,
-                is_root,
-                ..
-            } => {
+            BaoChunk::Leaf { start_chunk, .. } => {
                 let at = start_chunk.0 * 1024;
-                let from = (at - plan.data.start) as usize;
-                let bytes = data.get(from..from + size).ok_or(Mismatch::Data(at))?;
+                let cv = cvs.next().flatten().ok_or(Mismatch::Data(at))?;
                 let expected = stack.pop().ok_or(Mismatch::Outboard(at))?;
-                if hash_group(at / GROUP, bytes, is_root) != expected {
+                if cv != expected {
                     return Err(Mismatch::Data(at));
                 }
             }

@@ -91,6 +91,13 @@ macro_rules! forward_backend {
             async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
                 (**self).put_outboard(key, outboard).await
             }
+            async fn read_outboard_windows(
+                &self,
+                key: &Key,
+                windows: &[std::ops::Range<u64>],
+            ) -> Result<Option<Vec<Bytes>>> {
+                (**self).read_outboard_windows(key, windows).await
+            }
             async fn outboard_usage(&self) -> Result<Option<u64>> {
                 (**self).outboard_usage().await
             }

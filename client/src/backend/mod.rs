@@ -325,6 +325,27 @@ pub trait LargeBackend: Backend {
     ///   checks it against the key.
     async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>>;
 
+    /// Several windows of `key`'s outboard in one call, each like
+    /// [`LargeBackend::read_outboard`]; `None` when the blob has no
+    /// outboard. A verified range needs a dozen scattered windows (its
+    /// groups' parents and their path to the root): an engine answers them
+    /// with one open, query or batch of requests. The default reads them
+    /// one by one.
+    async fn read_outboard_windows(
+        &self,
+        key: &Key,
+        windows: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Bytes>>> {
+        let mut out = Vec::with_capacity(windows.len());
+        for w in windows {
+            match self.read_outboard(key, w.start, w.end - w.start).await? {
+                Some(b) => out.push(b),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(out))
+    }
+
     /// Stores `outboard` as the outboard of the present blob `key`,
     /// replacing any it has (an outboard is a function of the key, so a
     /// replacement only mends a damaged or missing one). Returns `false`,

@@ -216,6 +216,13 @@ impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
     async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
         self.inner.put_outboard(key, outboard).await
     }
+    async fn read_outboard_windows(
+        &self,
+        key: &Key,
+        windows: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Bytes>>> {
+        self.inner.read_outboard_windows(key, windows).await
+    }
     async fn outboard_usage(&self) -> Result<Option<u64>> {
         self.inner.outboard_usage().await
     }

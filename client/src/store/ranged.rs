@@ -70,18 +70,38 @@ impl Verifier {
     async fn window(&self, range: Range<u64>) -> Result<Bytes> {
         let plan = outboard::plan(self.size, range.clone());
         let want = plan.data.end - plan.data.start;
+        // The bytes and the outboard windows at once: the windows on a
+        // task of their own, so that an engine's two blocking reads (a
+        // file's pages, say) run on two workers.
+        let stored_windows = match self.computed.get() {
+            Some(_) => None,
+            None => {
+                let (large, key) = (self.large.clone(), self.key);
+                let want = plan.outboard_windows(OUTBOARD_GAP);
+                Some(tokio::spawn(async move {
+                    stored_windows(large.as_ref(), &key, &want).await
+                }))
+            }
+        };
         let data = self
             .large
             .read_range(&self.key, plan.data.start, want)
-            .await?
-            .ok_or(Error::NotFound { key: self.key })?;
+            .await;
+        let stored = match stored_windows {
+            None => Ok(None),
+            Some(task) => task.await.map_err(|e| {
+                Error::engine(&*self.large, format!("reading an outboard failed: {e}"))
+            })?,
+        };
+        let data = data?.ok_or(Error::NotFound { key: self.key })?;
         if (data.len() as u64) < want {
             // Shorter than its recorded size: damaged from where it ends.
             return Err(self.corrupt_at(plan.data.start + data.len() as u64));
         }
-        let checked = match self.computed.get() {
-            Some(ob) => Some(check_with(&self.key, &plan, data.clone(), ob.clone()).await?),
-            None => self.check_stored(&plan, data.clone()).await?,
+        let checked = match (self.computed.get(), stored?) {
+            (Some(ob), _) => Some(check_with(&self.key, &plan, data.clone(), ob.clone()).await?),
+            (None, Some(windows)) => self.check_stored(&plan, data.clone(), windows).await?,
+            (None, None) => None,
         };
         let verdict = match checked {
             Some(v) => v,
@@ -102,27 +122,14 @@ impl Verifier {
         }
     }
 
-    /// Checks against the stored outboard: `None` when there is none or it
-    /// is damaged (the caller falls back to computing one).
+    /// Checks against the stored outboard's windows: `None` when it is
+    /// damaged (the caller falls back to computing one).
     async fn check_stored(
         &self,
         plan: &outboard::Plan,
         data: Bytes,
+        windows: Vec<(u64, Bytes)>,
     ) -> Result<Option<std::result::Result<(), Mismatch>>> {
-        let mut windows = Vec::new();
-        for w in plan.outboard_windows(OUTBOARD_GAP) {
-            let got = match self
-                .large
-                .read_outboard(&self.key, w.start, w.end - w.start)
-                .await
-            {
-                Ok(Some(b)) => b,
-                // No outboard, or one shorter than the tree: not usable.
-                Ok(None) | Err(Error::InvalidRange { .. }) => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            windows.push((w.start, got));
-        }
         let verdict = check_blocking(self.key, plan.clone(), data, windows).await?;
         match verdict {
             Err(Mismatch::Outboard(at)) => {
@@ -151,6 +158,22 @@ impl Verifier {
             })
             .await
             .cloned()
+    }
+}
+
+/// The stored outboard's `want` windows, with their offsets: `None` when
+/// there is none or it is shorter than the tree.
+async fn stored_windows(
+    large: &dyn LargeBackend,
+    key: &Key,
+    want: &[Range<u64>],
+) -> Result<Option<Vec<(u64, Bytes)>>> {
+    match large.read_outboard_windows(key, want).await {
+        Ok(Some(got)) if got.len() == want.len() => {
+            Ok(Some(want.iter().map(|w| w.start).zip(got).collect()))
+        }
+        Ok(_) | Err(Error::InvalidRange { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -215,9 +238,7 @@ async fn check_blocking(
             w.get(at..at + PAIR as usize)?.try_into().ok()
         })
     };
-    tokio::task::spawn_blocking(run)
-        .await
-        .map_err(|e| Error::engine("blake3", format!("a verifying task failed: {e}")))
+    crate::backend::blocking("blake3", move || Ok(run())).await
 }
 
 impl Store {

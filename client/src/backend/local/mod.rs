@@ -567,6 +567,20 @@ impl LargeBackend for LocalBackend {
         .await
     }
 
+    async fn read_outboard_windows(
+        &self,
+        key: &Key,
+        windows: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Bytes>>> {
+        let inner = self.inner.clone();
+        let key = *key;
+        let windows = windows.to_vec();
+        blocking(&self.inner.display, move || {
+            inner.read_outboard_windows(&key, &windows)
+        })
+        .await
+    }
+
     async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
         self.inner.check_writable("put an outboard")?;
         let inner = self.inner.clone();

@@ -73,6 +73,17 @@ impl Inner {
     /// A window of `key`'s outboard (blocking); see
     /// [`LargeBackend::read_outboard`].
     pub(super) fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        Ok(self
+            .read_outboard_windows(key, &[offset..offset.saturating_add(len)])?
+            .map(|mut w| w.remove(0)))
+    }
+
+    /// Windows of `key`'s outboard through one open (blocking).
+    pub(super) fn read_outboard_windows(
+        &self,
+        key: &Key,
+        windows: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Bytes>>> {
         let blob = self.path_of(key);
         let size = match not_found_is_none(fs::metadata(&blob)) {
             Ok(Some(m)) => m.len(),
@@ -80,7 +91,7 @@ impl Inner {
             Err(source) => return Err(self.err(LocalError::UnableToRead { path: blob, source })),
         };
         if crate::outboard::outboard_len(size) == 0 {
-            return Ok(Some(Bytes::new()));
+            return Ok(Some(windows.iter().map(|_| Bytes::new()).collect()));
         }
         let path = self.outboard_path(key);
         let read_err = |source| {
@@ -93,10 +104,14 @@ impl Inner {
             return Ok(None);
         };
         let stored = file.metadata().map_err(read_err)?.len();
-        let r = crate::backend::clamp_range(key, stored, offset, len)?;
-        let mut buf = vec![0u8; (r.end - r.start) as usize];
-        file.read_exact_at(&mut buf, r.start).map_err(read_err)?;
-        Ok(Some(Bytes::from(buf)))
+        let mut out = Vec::with_capacity(windows.len());
+        for w in windows {
+            let r = crate::backend::clamp_range(key, stored, w.start, w.end - w.start)?;
+            let mut buf = vec![0u8; (r.end - r.start) as usize];
+            file.read_exact_at(&mut buf, r.start).map_err(read_err)?;
+            out.push(Bytes::from(buf));
+        }
+        Ok(Some(out))
     }
 
     /// Bytes of every outboard file (blocking): one walk of the blob tree.

@@ -299,6 +299,41 @@ impl LargeBackend for PgLoBackend {
         Ok(row.get::<_, Option<Vec<u8>>>(0).map(Bytes::from))
     }
 
+    async fn read_outboard_windows(
+        &self,
+        key: &Key,
+        windows: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Bytes>>> {
+        // One query for every window.
+        let c = self.pg.conn().await.map_err(|e| rename(e, self))?;
+        let k = key.as_bytes().to_vec();
+        let offs: Vec<i64> = windows
+            .iter()
+            .map(|w| i64::try_from(w.start).unwrap_or(i64::MAX))
+            .collect();
+        let lens: Vec<i32> = windows
+            .iter()
+            .map(|w| i32::try_from(w.end - w.start).unwrap_or(i32::MAX))
+            .collect();
+        let rows = c
+            .query_typed(
+                "SELECT alkblobs_lo_outboard($1, $2, w.o, w.l) \
+                   FROM unnest($3::int8[], $4::int4[]) WITH ORDINALITY AS w(o, l, n) ORDER BY w.n",
+                &[
+                    (&self.pg.name(), Type::TEXT),
+                    (&k, Type::BYTEA),
+                    (&offs, Type::INT8_ARRAY),
+                    (&lens, Type::INT4_ARRAY),
+                ],
+            )
+            .await
+            .map_err(|e| db_err(self, Some(*key), e))?;
+        Ok(rows
+            .iter()
+            .map(|r| r.get::<_, Option<Vec<u8>>>(0).map(Bytes::from))
+            .collect())
+    }
+
     async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
         let c = self.pg.conn().await.map_err(|e| rename(e, self))?;
         let k = key.as_bytes().to_vec();
