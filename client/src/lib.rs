@@ -42,6 +42,8 @@ pub mod outboard;
 mod pager;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod store;
 mod tier;
 

@@ -263,7 +263,26 @@ impl Store {
 
     /// Stores a stream, hashing while it is written: memory stays bounded
     /// (the threshold plus one chunk) whatever the stream's length.
-    pub async fn put_reader<R: AsyncRead + Unpin + Send>(&self, mut reader: R) -> Result<Put> {
+    pub async fn put_reader<R: AsyncRead + Unpin + Send>(&self, reader: R) -> Result<Put> {
+        self.put_reader_expecting(reader, None).await
+    }
+
+    /// Stores a stream only if it hashes to `key` (the ops surface's
+    /// verified upload): a mismatch stores nothing
+    /// ([`Error::HashMismatch`]), however long the stream.
+    pub async fn put_reader_verified<R: AsyncRead + Unpin + Send>(
+        &self,
+        key: &Key,
+        reader: R,
+    ) -> Result<Put> {
+        self.put_reader_expecting(reader, Some(*key)).await
+    }
+
+    async fn put_reader_expecting<R: AsyncRead + Unpin + Send>(
+        &self,
+        mut reader: R,
+        expected: Option<Key>,
+    ) -> Result<Put> {
         self.check_open()?;
         let span = tracing::debug_span!("put_reader");
         async move {
@@ -287,7 +306,10 @@ impl Store {
                 }
             }
             if head.len() < limit {
-                return self.put(head.freeze()).await;
+                return match expected {
+                    Some(k) => self.put_verified(&k, head.freeze()).await,
+                    None => self.put(head.freeze()).await,
+                };
             }
             let Some(large) = self.inner.pool.large() else {
                 return Err(Error::TooLarge {
@@ -343,6 +365,15 @@ impl Store {
                 return Err(e);
             }
             let (key, ob) = hasher.finish();
+            if let Some(expected) = expected
+                && expected != key
+            {
+                let _ = writer.abort().await;
+                return Err(Error::HashMismatch {
+                    expected,
+                    actual: key,
+                });
+            }
             let size = writer.written();
             self.publish_staged(writer, key, size, ob.into()).await
         }

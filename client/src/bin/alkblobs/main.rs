@@ -23,6 +23,7 @@ mod output;
 mod pool;
 mod put;
 mod roots;
+mod serve;
 mod staged;
 mod stat;
 mod usage;
@@ -179,6 +180,9 @@ enum Command {
         #[command(subcommand)]
         action: pool::PoolCmd,
     },
+    /// Serve this store over HTTP (`PUT`/`POST`/`GET`/`HEAD /blobs…`) until
+    /// SIGTERM or Ctrl-C; docs/operations.md, "alkblobs serve".
+    Serve(serve::ServeArgs),
 }
 
 fn large_arg(s: &str) -> Result<PgLarge, String> {
@@ -270,6 +274,7 @@ async fn run(cli: Cli) -> Res {
         Command::Staged => staged::staged(&ctx).await,
         Command::Pool { action } => pool::pool(&ctx, action).await,
         Command::Explain { key } => explain::explain(&ctx, *key).await,
+        Command::Serve(args) => serve::serve(&ctx, args).await,
     };
     // Release what the stores hold outside this process (an S3 prefix's
     // lease; a fleet's pin rows), so the next command need not wait for
@@ -287,12 +292,20 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return exit::usage_error(e),
     };
+    let serving = matches!(cli.command, Command::Serve(_));
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ALKBLOBS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("ALKBLOBS_LOG").unwrap_or_else(|_| {
+                // `serve` logs every request (its access log).
+                tracing_subscriber::EnvFilter::new(if serving {
+                    "warn,alkblobs::access=info"
+                } else {
+                    "warn"
+                })
+            }),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

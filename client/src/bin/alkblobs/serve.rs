@@ -1,0 +1,76 @@
+//! `serve`: the store over HTTP until SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use alkblobs::serve::{ServeOptions, Tokens};
+
+use crate::ctx::Ctx;
+use crate::exit::{Exit, Fail, Res};
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on, e.g. 127.0.0.1:8080 or [::]:443.
+    #[arg(long, default_value = "127.0.0.1:7860")]
+    listen: SocketAddr,
+    /// Bearer tokens, one `TOKEN read|write` per line. Without it the
+    /// server serves reads and writes to loopback clients only.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM); with --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM); with --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The largest upload, in bytes (413 beyond).
+    #[arg(long, default_value_t = 64 << 30)]
+    max_body: u64,
+    /// Requests served at once; more wait their turn.
+    #[arg(long, default_value_t = 64)]
+    max_concurrency: usize,
+    /// How long a put's pin is held for its client when it does not release
+    /// it (e.g. 10m).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pin_hold: Duration,
+    /// A client silent this long (headers or body) is cut off.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// How long requests in flight may finish after SIGTERM.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
+}
+
+pub async fn serve(ctx: &Ctx, a: &ServeArgs) -> Res {
+    let tokens = match &a.token_file {
+        Some(f) => Tokens::load(f)?,
+        None => Tokens::none(),
+    };
+    let store = ctx.create().await?;
+    let mut opts = ServeOptions::new(a.listen)
+        .tokens(tokens.clone())
+        .max_body(a.max_body)
+        .max_concurrency(a.max_concurrency)
+        .pin_hold(a.pin_hold)
+        .idle_timeout(a.idle_timeout);
+    if let (Some(c), Some(k)) = (&a.tls_cert, &a.tls_key) {
+        opts = opts.tls(c, k);
+    }
+    let scheme = if opts.tls.is_some() { "https" } else { "http" };
+    let server = alkblobs::serve::start(store, opts).await?;
+    // The address on stdout (the port chosen for :0), for scripts.
+    println!("{scheme}://{}", server.addr());
+    if tokens.is_empty() {
+        eprintln!("alkblobs: no --token-file: serving reads and writes to loopback clients only");
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| Fail::new(Exit::Failure, format!("cannot watch SIGTERM: {e}")))?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    eprintln!("alkblobs: shutting down (requests in flight may finish)");
+    server.shutdown(a.shutdown_grace).await?;
+    Ok(())
+}

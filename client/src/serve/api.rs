@@ -1,0 +1,475 @@
+//! The routes, their access checks and their errors.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Path, Request, State as Extract};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use tokio::io::AsyncRead;
+
+use super::range::{Wanted, wanted};
+use super::{Grant, HeldPins, Tokens};
+use crate::{Error, ErrorKind, Key, Store, outboard};
+
+pub(super) struct State {
+    pub(super) store: Store,
+    pub(super) tokens: Tokens,
+    pub(super) pins: HeldPins,
+    pub(super) pin_hold: Duration,
+    pub(super) max_body: u64,
+    pub(super) idle: Duration,
+}
+
+type Shared = Arc<State>;
+
+/// An error as the API answers it: a status and a stable code, with a
+/// message for people. The codes are an interface: never renamed.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The stable code, e.g. `"hash_mismatch"`.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> ApiError {
+        let (status, code) = match (&e, e.kind()) {
+            (Error::NotFound { .. }, _) => (StatusCode::NOT_FOUND, "not_found"),
+            (Error::HashMismatch { .. }, _) => (StatusCode::UNPROCESSABLE_ENTITY, "hash_mismatch"),
+            (Error::InvalidKey(_), _) => (StatusCode::BAD_REQUEST, "bad_key"),
+            (Error::InvalidRange { .. }, _) => {
+                (StatusCode::RANGE_NOT_SATISFIABLE, "range_not_satisfiable")
+            }
+            (Error::TooLarge { .. }, _) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            (Error::Input { source, .. }, _) => match source.kind() {
+                std::io::ErrorKind::FileTooLarge => {
+                    (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large")
+                }
+                std::io::ErrorKind::TimedOut => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
+                _ => (StatusCode::BAD_REQUEST, "bad_body"),
+            },
+            (Error::ReadOnly { .. }, _) => (StatusCode::FORBIDDEN, "read_only"),
+            (_, ErrorKind::Corrupt) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
+            (_, ErrorKind::Unavailable | ErrorKind::Conflict | ErrorKind::Closed) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        if status.is_server_error() {
+            tracing::warn!(error = %e, code, "request failed");
+        }
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+type ApiResult<T = Response> = std::result::Result<T, ApiError>;
+
+pub(super) fn router(state: Shared, max_concurrency: usize) -> Router {
+    Router::new()
+        .route("/blobs", post(post_blob))
+        .route("/blobs/{key}", get(get_blob).put(put_blob))
+        .route("/blobs/{key}/outboard", get(get_outboard))
+        .route("/pins/{id}", delete(delete_pin))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no_route",
+                "no such route: see `alkblobs serve --help`",
+            )
+        })
+        .layer(axum::middleware::from_fn(access_log))
+        .layer(tower::limit::ConcurrencyLimitLayer::new(max_concurrency))
+        .with_state(state)
+}
+
+/// One line per request through `tracing` (target `alkblobs::access`).
+async fn access_log(req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.to_string())
+        .unwrap_or_default();
+    let r = next.run(req).await;
+    tracing::info!(target: "alkblobs::access", %peer, %method, %path,
+        status = r.status().as_u16(), micros = start.elapsed().as_micros() as u64);
+    r
+}
+
+/// Who may do `need`: a bearer token's grant, or with no tokens
+/// configured, a loopback client.
+fn authorize(s: &State, headers: &HeaderMap, peer: SocketAddr, need: Grant) -> ApiResult<()> {
+    if s.tokens.is_empty() {
+        if peer.ip().is_loopback() {
+            return Ok(());
+        }
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "loopback_only",
+            "this server has no tokens (--token-file) and serves loopback clients only",
+        ));
+    }
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a bearer token is required",
+            )
+        })?;
+    match s.tokens.grant(token.trim()) {
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "unknown token",
+        )),
+        Some(g) if g < need => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this token grants reads only",
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+fn parse_key(s: &str) -> ApiResult<Key> {
+    s.parse::<Key>().map_err(|e| Error::from(e).into())
+}
+
+fn etag(key: &Key) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{key}\"")).expect("hex is a valid header value")
+}
+
+/// Whether an `If-None-Match` / `If-Match` list names this entity.
+fn matches(list: &str, key: &Key) -> bool {
+    let tag = format!("\"{key}\"");
+    list.split(',')
+        .map(str::trim)
+        .any(|t| t == "*" || t == tag || t.strip_prefix("W/") == Some(tag.as_str()))
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: header::HeaderName) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn get_blob(
+    Extract(s): Extract<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(key): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+) -> ApiResult {
+    authorize(&s, &headers, peer, Grant::Read)?;
+    let key = parse_key(&key)?;
+    let meta = s.store.stat(&key).await?.ok_or(Error::NotFound { key })?;
+    let size = meta.size;
+    let mut out = HeaderMap::new();
+    out.insert(header::ETAG, etag(&key));
+    out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    out.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=31536000, immutable"),
+    );
+    if let Some(m) = header_str(&headers, header::IF_MATCH)
+        && !matches(m, &key)
+    {
+        return Ok((StatusCode::PRECONDITION_FAILED, out).into_response());
+    }
+    if let Some(m) = header_str(&headers, header::IF_NONE_MATCH)
+        && matches(m, &key)
+    {
+        return Ok((StatusCode::NOT_MODIFIED, out).into_response());
+    }
+    // If-Range with another validator: the whole blob.
+    let range = match header_str(&headers, header::IF_RANGE) {
+        Some(v) if v.trim() != format!("\"{key}\"") => None,
+        _ => header_str(&headers, header::RANGE),
+    };
+    let (status, offset, len) = match wanted(range, size) {
+        Wanted::Whole => (StatusCode::OK, 0, size),
+        Wanted::Part(o, l) => {
+            let v = format!("bytes {o}-{}/{size}", o + l - 1);
+            out.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&v).expect("ascii"),
+            );
+            (StatusCode::PARTIAL_CONTENT, o, l)
+        }
+        Wanted::Unsatisfiable => {
+            let v = format!("bytes */{size}");
+            out.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&v).expect("ascii"),
+            );
+            let e = ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "range_not_satisfiable",
+                format!("blob {key} has {size} bytes"),
+            );
+            return Ok((out, e).into_response());
+        }
+    };
+    out.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    out.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if method == Method::HEAD {
+        return Ok((status, out).into_response());
+    }
+    // Every byte sent was checked against the key first (through the
+    // outboard): damage cuts the response short rather than sending it.
+    let reader = s
+        .store
+        .open_range_verified(&key, offset, len)
+        .await?
+        .ok_or(Error::NotFound { key })?;
+    let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+        reader,
+        256 << 10,
+    ));
+    Ok((status, out, body).into_response())
+}
+
+async fn get_outboard(
+    Extract(s): Extract<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    authorize(&s, &headers, peer, Grant::Read)?;
+    let key = parse_key(&key)?;
+    let no_outboard = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_outboard",
+            format!(
+                "blob {key} has no stored outboard (absent, in the kv tier, or stored before outboards)"
+            ),
+        )
+    };
+    let large = s.store.large().ok_or_else(no_outboard)?;
+    let size = large.size(&key).await?.ok_or_else(no_outboard)?;
+    let len = outboard::outboard_len(size);
+    let (status, offset, n, range) = match wanted(header_str(&headers, header::RANGE), len) {
+        Wanted::Whole => (StatusCode::OK, 0, len, None),
+        Wanted::Part(o, l) => (
+            StatusCode::PARTIAL_CONTENT,
+            o,
+            l,
+            Some(format!("bytes {o}-{}/{len}", o + l - 1)),
+        ),
+        Wanted::Unsatisfiable => {
+            return Err(ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "range_not_satisfiable",
+                format!("the outboard of {key} has {len} bytes"),
+            ));
+        }
+    };
+    let bytes = if len == 0 {
+        Bytes::new()
+    } else {
+        large
+            .read_outboard(&key, offset, n)
+            .await?
+            .ok_or_else(no_outboard)?
+    };
+    let mut out = HeaderMap::new();
+    if let Some(r) = range {
+        out.insert(
+            header::CONTENT_RANGE,
+            HeaderValue::from_str(&r).expect("ascii"),
+        );
+    }
+    out.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok((status, out, bytes).into_response())
+}
+
+/// A request body as a reader: at most `max` bytes (more is
+/// `FileTooLarge`), each chunk within `idle` of the last (else
+/// `TimedOut`).
+fn body_reader(body: Body, max: u64, idle: Duration) -> impl AsyncRead + Unpin + Send {
+    let mut seen = 0u64;
+    let stream = IdleCut {
+        inner: Box::pin(body.into_data_stream().map_err(std::io::Error::other)),
+        idle,
+        timer: Box::pin(tokio::time::sleep(idle)),
+    }
+    .map(move |r| {
+        let chunk = r?;
+        seen += chunk.len() as u64;
+        if seen > max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::FileTooLarge,
+                format!("the body is over the server's limit of {max} bytes"),
+            ));
+        }
+        Ok(chunk)
+    });
+    tokio_util::io::StreamReader::new(stream)
+}
+
+/// A stream that fails with `TimedOut` when its source sends nothing for
+/// `idle`.
+struct IdleCut {
+    inner: Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send>>,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Stream for IdleCut {
+    type Item = std::io::Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Poll::Ready(item) = self.inner.as_mut().poll_next(cx) {
+            let idle = self.idle;
+            self.timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + idle);
+            return Poll::Ready(item);
+        }
+        match self.timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client sent nothing for too long",
+            )))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+use std::future::Future;
+
+fn check_length(s: &State, headers: &HeaderMap) -> ApiResult<()> {
+    let declared = header_str(headers, header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > s.max_body => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "a body of {n} bytes is over the server's limit of {} bytes",
+                s.max_body
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A stored put's answer: the key and the pin held for the client.
+fn put_answer(s: &State, put: crate::Put) -> Response {
+    let id = s.pins.hold(put.pin, Instant::now() + s.pin_hold);
+    let expires_at = std::time::SystemTime::now() + s.pin_hold;
+    let status = match put.outcome {
+        crate::PutOutcome::Created => StatusCode::CREATED,
+        crate::PutOutcome::Existed => StatusCode::OK,
+    };
+    let body = serde_json::json!({
+        "key": put.key,
+        "size": put.size,
+        "tier": put.tier,
+        "outcome": put.outcome,
+        "pin": {
+            "id": id,
+            "expires_at": humantime::format_rfc3339_seconds(expires_at).to_string(),
+            "release": format!("/pins/{id}"),
+        },
+    });
+    let mut r = (status, axum::Json(body)).into_response();
+    r.headers_mut().insert(header::ETAG, etag(&put.key));
+    r
+}
+
+async fn put_blob(
+    Extract(s): Extract<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    authorize(&s, &headers, peer, Grant::Write)?;
+    let key = parse_key(&key)?;
+    check_length(&s, &headers)?;
+    let put = s
+        .store
+        .put_reader_verified(&key, body_reader(body, s.max_body, s.idle))
+        .await?;
+    Ok(put_answer(&s, put))
+}
+
+async fn post_blob(
+    Extract(s): Extract<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    authorize(&s, &headers, peer, Grant::Write)?;
+    check_length(&s, &headers)?;
+    let put = s
+        .store
+        .put_reader(body_reader(body, s.max_body, s.idle))
+        .await?;
+    Ok(put_answer(&s, put))
+}
+
+async fn delete_pin(
+    Extract(s): Extract<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult {
+    authorize(&s, &headers, peer, Grant::Write)?;
+    if s.pins.release(&id) {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_such_pin",
+            "no pin with that id is held (released already, or its hold ended)",
+        ))
+    }
+}
