@@ -1,0 +1,495 @@
+//! `alkblobs serve` with `curl` as the real client: ranges, HEAD,
+//! conditional requests, bad keys, path tricks, oversized bodies, slow
+//! clients, tokens, TLS and a graceful SIGTERM. Every answer is a 4xx or a
+//! correct one: never a 5xx, a hang or a panic.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_alkblobs");
+
+/// A running `alkblobs serve` and its address.
+struct Served {
+    child: Child,
+    url: String,
+    stderr: PathBuf,
+}
+
+impl Served {
+    fn start(dir: &Path, extra: &[&str]) -> Served {
+        let stderr = dir.join(format!("serve-{}.log", rand_tag()));
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("ALKBLOBS_DATA_DIR", dir.join("data"))
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("start alkblobs serve");
+        let mut line = Vec::new();
+        let mut out = child.stdout.take().unwrap();
+        let mut b = [0u8; 1];
+        while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+            line.push(b[0]);
+        }
+        let url = String::from_utf8(line).unwrap();
+        assert!(
+            url.starts_with("http"),
+            "serve printed {url:?}: {}",
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        Served { child, url, stderr }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// SIGTERM, then the exit status and the log.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        unsafe_kill(self.child.id(), 15);
+        let status = wait_timeout(&mut self.child, Duration::from_secs(20))
+            .expect("serve exits after SIGTERM");
+        let log = self.log();
+        (status, log)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rand_tag() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+fn unsafe_kill(pid: u32, sig: i32) {
+    let status = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn wait_timeout(child: &mut Child, d: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// `curl -s` with `args`, the status code appended to stdout after a
+/// newline; (status, body).
+fn curl(args: &[&str]) -> (u16, Vec<u8>) {
+    let o: Output = Command::new("curl")
+        .args(["-s", "--max-time", "30", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("run curl");
+    let out = o.stdout;
+    let nl = out.iter().rposition(|b| *b == b'\n').expect("status line");
+    let code: u16 = String::from_utf8_lossy(&out[nl + 1..])
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    (code, out[..nl].to_vec())
+}
+
+fn json(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
+}
+
+fn blob(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i as u32).wrapping_mul(2654435761) >> 9) as u8 ^ seed)
+        .collect()
+}
+
+fn b3(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+#[test]
+fn curl_puts_gets_ranges_and_conditionals_and_never_sees_a_5xx() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let s = Served::start(d, &["--max-body", "2000000"]);
+    let big = blob(1_500_000, 1);
+    std::fs::write(d.join("big"), &big).unwrap();
+    let key = b3(&big);
+    let at = |p: &str| format!("{}{p}", s.url);
+    let at_file = |name: &str| format!("@{}", d.join(name).display());
+
+    // A verified PUT, then the same bytes again (200, existed), then bytes
+    // that are not the key (422, nothing stored).
+    let (c, body) = curl(&[
+        "-X",
+        "PUT",
+        "--data-binary",
+        &at_file("big"),
+        &at(&format!("/blobs/{key}")),
+    ]);
+    assert_eq!(c, 201, "{}", String::from_utf8_lossy(&body));
+    let put = json(&body);
+    assert_eq!(put["key"], key);
+    assert_eq!(put["size"], 1_500_000);
+    assert!(put["pin"]["expires_at"].as_str().unwrap().ends_with('Z'));
+    let pin = put["pin"]["id"].as_str().unwrap().to_owned();
+    let (c, _) = curl(&[
+        "-X",
+        "PUT",
+        "--data-binary",
+        &at_file("big"),
+        &at(&format!("/blobs/{key}")),
+    ]);
+    assert_eq!(c, 200, "a second put of present content");
+    std::fs::write(d.join("small"), b"not the key").unwrap();
+    let (c, b) = curl(&[
+        "-X",
+        "PUT",
+        "--data-binary",
+        &at_file("small"),
+        &at(&format!("/blobs/{key}")),
+    ]);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (422, "hash_mismatch")
+    );
+    let (c, b) = curl(&[
+        "-X",
+        "POST",
+        "--data-binary",
+        &at_file("small"),
+        &at("/blobs"),
+    ]);
+    assert_eq!(c, 201);
+    assert_eq!(json(&b)["key"], b3(b"not the key"));
+    // The client releases its pin once the key is recorded; twice is 404.
+    assert_eq!(curl(&["-X", "DELETE", &at(&format!("/pins/{pin}"))]).0, 204);
+    assert_eq!(curl(&["-X", "DELETE", &at(&format!("/pins/{pin}"))]).0, 404);
+
+    // Whole, single, suffix, open-ended, clamped and unsatisfiable ranges.
+    let url = at(&format!("/blobs/{key}"));
+    let (c, b) = curl(&[&url]);
+    assert_eq!(c, 200);
+    assert!(b == big);
+    for (range, want) in [
+        ("0-0", &big[..1]),
+        ("1000-1999", &big[1000..2000]),
+        ("-100", &big[big.len() - 100..]),
+        ("1499990-", &big[1_499_990..]),
+        ("1400000-9999999", &big[1_400_000..]),
+    ] {
+        let (c, b) = curl(&["-r", range, &url]);
+        assert_eq!(c, 206, "{range}");
+        assert!(b == want, "{range}: {} bytes", b.len());
+    }
+    for range in ["1500000-", "2000000-2000001"] {
+        let (c, b) = curl(&["-r", range, &url]);
+        assert_eq!(c, 416, "{range}");
+        assert_eq!(json(&b)["error"]["code"], "range_not_satisfiable");
+    }
+    let (c, b) = curl(&["-H", "Range: bytes=0-1,5-6", &url]);
+    assert_eq!(
+        (c, b.len()),
+        (200, big.len()),
+        "multiple ranges: the whole blob"
+    );
+    let (c, b) = curl(&["-H", "Range: bytes=9-3", &url]);
+    assert_eq!(
+        (c, b.len()),
+        (200, big.len()),
+        "an invalid range is ignored"
+    );
+
+    // HEAD and conditional requests on the strong ETag.
+    let o = Command::new("curl").args(["-sI", &url]).output().unwrap();
+    let head = String::from_utf8_lossy(&o.stdout).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("content-length: 1500000"), "{head}");
+    assert!(head.contains(&format!("etag: \"{key}\"")), "{head}");
+    assert!(head.contains("accept-ranges: bytes"), "{head}");
+    let tag = format!("\"{key}\"");
+    assert_eq!(curl(&["-H", &format!("If-None-Match: {tag}"), &url]).0, 304);
+    assert_eq!(curl(&["-H", "If-None-Match: \"other\"", &url]).0, 200);
+    assert_eq!(curl(&["-H", "If-Match: \"other\"", &url]).0, 412);
+    assert_eq!(
+        curl(&["-H", &format!("If-Match: {tag}"), "-r", "0-9", &url]).0,
+        206
+    );
+    let (c, b) = curl(&["-H", "If-Range: \"stale\"", "-r", "0-9", &url]);
+    assert_eq!(
+        (c, b.len()),
+        (200, big.len()),
+        "If-Range of another entity: all of it"
+    );
+    let (c, b) = curl(&["-H", &format!("If-Range: {tag}"), "-r", "0-9", &url]);
+    assert_eq!((c, b.len()), (206, 10));
+
+    // Bad keys and path tricks: 4xx, never a file outside the store.
+    for path in [
+        "/blobs/zzz",
+        &format!("/blobs/{}", key.to_uppercase()),
+        "/blobs/..%2f..%2fetc%2fpasswd",
+        "/blobs/%00",
+        &format!("/blobs/{key}0"),
+    ] {
+        let (c, b) = curl(&[&at(path)]);
+        assert_eq!(c, 400, "{path}: {}", String::from_utf8_lossy(&b));
+    }
+    for path in [
+        "/blobs/../../etc/passwd",
+        "/etc/passwd",
+        "/",
+        "/blobs/a/b/c",
+    ] {
+        let (c, _) = curl(&["--path-as-is", &at(path)]);
+        assert!((400..500).contains(&c), "{path}: {c}");
+    }
+    let absent = "0".repeat(64);
+    let (c, b) = curl(&[&at(&format!("/blobs/{absent}"))]);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (404, "not_found")
+    );
+    assert_eq!(curl(&["-X", "PATCH", &url]).0, 405);
+
+    // Oversized bodies: declared (Content-Length) or streamed (chunked).
+    std::fs::write(d.join("huge"), blob(2_100_000, 2)).unwrap();
+    let (c, b) = curl(&[
+        "-X",
+        "POST",
+        "--data-binary",
+        &at_file("huge"),
+        &at("/blobs"),
+    ]);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (413, "body_too_large")
+    );
+    let (c, b) = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "Transfer-Encoding: chunked",
+        "--data-binary",
+        &at_file("huge"),
+        &at("/blobs"),
+    ]);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (413, "body_too_large"),
+        "chunked"
+    );
+    let (c, _) = curl(&[&at(&format!("/blobs/{}", b3(&blob(2_100_000, 2))))]);
+    assert_eq!(c, 404, "nothing of an oversized body was stored");
+
+    let log = s.log();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(log.contains("alkblobs::access"), "an access log: {log}");
+    assert!(log.contains("loopback clients only"), "{log}");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{status}: {log}");
+}
+
+#[test]
+fn slow_clients_are_cut_off_with_a_4xx_and_others_are_still_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let s = Served::start(d, &["--idle-timeout", "1s"]);
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    // Headers that never finish.
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"GET /blobs/").unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let _ = slow.read_to_end(&mut got);
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "the slow header was cut off"
+    );
+    let text = String::from_utf8_lossy(&got);
+    assert!(got.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+    // A body that stops halfway: 408, nothing stored.
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"POST /blobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    slow.write_all(&[7u8; 5000]).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = vec![0u8; 4096];
+    let n = slow.read(&mut got).unwrap_or(0);
+    let text = String::from_utf8_lossy(&got[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("body_timeout"), "{text}");
+    // Meanwhile and after, others are served.
+    let (c, _) = curl(&[
+        "-X",
+        "POST",
+        "--data-binary",
+        "hello",
+        &format!("{}/blobs", s.url),
+    ]);
+    assert_eq!(c, 201);
+    let (status, log) = s.stop();
+    assert!(status.success());
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+#[test]
+fn tokens_grant_read_or_write_and_tls_serves_the_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(
+        d.join("tokens"),
+        "# who may do what\nreader-token-0123456789 read\nwriter-token-0123456789 write\n",
+    )
+    .unwrap();
+    // A self-signed certificate for 127.0.0.1.
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(d.join("key.pem"))
+        .arg("-out")
+        .arg(d.join("cert.pem"))
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let tokens = d.join("tokens").display().to_string();
+    let (cert, key) = (
+        d.join("cert.pem").display().to_string(),
+        d.join("key.pem").display().to_string(),
+    );
+    let s = Served::start(
+        d,
+        &[
+            "--token-file",
+            &tokens,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+    );
+    assert!(s.url.starts_with("https://"), "{}", s.url);
+    let tls = ["--cacert", cert.as_str()];
+    let at = format!("{}/blobs", s.url);
+    let bearer = |t: &str| format!("Authorization: Bearer {t}");
+    let put = |t: Option<&str>| {
+        let mut a: Vec<String> = tls.iter().map(|s| s.to_string()).collect();
+        if let Some(t) = t {
+            a.extend(["-H".into(), bearer(t)]);
+        }
+        a.extend([
+            "-X".into(),
+            "POST".into(),
+            "--data-binary".into(),
+            "over tls".into(),
+            at.clone(),
+        ]);
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        curl(&refs)
+    };
+    let (c, b) = put(None);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (401, "unauthorized")
+    );
+    assert_eq!(put(Some("wrong-token-0123456789")).0, 401);
+    let (c, b) = put(Some("reader-token-0123456789"));
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (403, "forbidden")
+    );
+    let (c, b) = put(Some("writer-token-0123456789"));
+    assert_eq!(c, 201, "{}", String::from_utf8_lossy(&b));
+    let url = format!("{at}/{}", b3(b"over tls"));
+    let (c, b) = curl(&[
+        "--cacert",
+        &cert,
+        "-H",
+        &bearer("reader-token-0123456789"),
+        &url,
+    ]);
+    assert_eq!((c, b.as_slice()), (200, &b"over tls"[..]));
+    assert_eq!(
+        curl(&["--cacert", &cert, &url]).0,
+        401,
+        "reads need a token too"
+    );
+    // Plain HTTP to the TLS port is not served.
+    let (c, _) = curl(&[&url.replace("https://", "http://")]);
+    assert!(c == 0 || (400..500).contains(&c), "{c}");
+    let (status, log) = s.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn a_non_loopback_client_without_tokens_is_refused() {
+    // The server binds every address; a client reaching it through this
+    // machine's non-loopback address is refused (403), loopback served.
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let host = Command::new("hostname").arg("-I").output().unwrap();
+    let ip = String::from_utf8_lossy(&host.stdout)
+        .split_whitespace()
+        .find(|a| !a.starts_with("127.") && !a.contains(':'))
+        .map(str::to_owned)
+        .expect("a non-loopback IPv4 address on this machine");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env("ALKBLOBS_DATA_DIR", d.join("data"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut out = child.stdout.take().unwrap();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0] as char);
+    }
+    let port = line.rsplit(':').next().unwrap().to_owned();
+    let (c, b) = curl(&[&format!("http://{ip}:{port}/blobs/{}", "0".repeat(64))]);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (403, "loopback_only")
+    );
+    let (c, _) = curl(&[&format!("http://127.0.0.1:{port}/blobs/{}", "0".repeat(64))]);
+    assert_eq!(c, 404, "loopback is served");
+    let _ = child.kill();
+    let _ = child.wait();
+}
