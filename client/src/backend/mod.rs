@@ -23,6 +23,8 @@ pub mod local;
 pub mod mem;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "serve")]
+pub mod routed;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sqlite;

@@ -1,5 +1,9 @@
 //! The routes, their access checks and their errors.
+//!
+//! (One file: the whole HTTP surface, each route beside the checks it
+//! makes; that is why it is long.)
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -103,9 +107,15 @@ type ApiResult<T = Response> = std::result::Result<T, ApiError>;
 
 pub(super) fn router(state: Shared, max_concurrency: usize) -> Router {
     Router::new()
-        .route("/blobs", post(post_blob))
+        .route("/blobs", post(post_blob).get(list_blobs))
         .route("/blobs/{key}", get(get_blob).put(put_blob))
-        .route("/blobs/{key}/outboard", get(get_outboard))
+        // An outboard is 1/256 of its blob: up to 256 MiB (a 64 GiB blob).
+        .route(
+            "/blobs/{key}/outboard",
+            get(get_outboard)
+                .put(put_outboard)
+                .layer(axum::extract::DefaultBodyLimit::max(256 << 20)),
+        )
         .route("/pins/{id}", delete(delete_pin))
         .fallback(|| async {
             ApiError::new(
@@ -454,6 +464,82 @@ async fn post_blob(
         .put_reader(body_reader(body, s.max_body, s.idle))
         .await?;
     Ok(put_answer(&s, put))
+}
+
+/// `GET /blobs?after=KEY&limit=N`: keys in order, after `after`, at most
+/// `limit` (default and most 1000), as a JSON array.
+async fn list_blobs(
+    Extract(s): Extract<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
+    authorize(&s, &headers, peer, Grant::Read)?;
+    let after = match q.get("after") {
+        Some(a) => Some(parse_key(a)?),
+        None => None,
+    };
+    let limit = match q.get("limit").map(|l| l.parse::<usize>()) {
+        None => 1000,
+        Some(Ok(n)) if n <= 1000 => n,
+        Some(_) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_limit",
+                "limit is a number from 0 to 1000",
+            ));
+        }
+    };
+    // The union listing is ordered: skip to `after` (a cursor over the
+    // stream; a page costs the keys before it), then take a page.
+    let keys: Vec<Key> = s
+        .store
+        .list()
+        .try_skip_while(|k| futures::future::ready(Ok(after.is_some_and(|a| *k <= a))))
+        .take(limit)
+        .try_collect()
+        .await?;
+    Ok(axum::Json(keys).into_response())
+}
+
+/// `PUT /blobs/{key}/outboard`: stores a present large blob's outboard
+/// (a storage node's repair from a client that computed it); its length
+/// must be the blob's outboard's (422), its content is checked by every
+/// reader.
+async fn put_outboard(
+    Extract(s): Extract<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    authorize(&s, &headers, peer, Grant::Write)?;
+    let key = parse_key(&key)?;
+    let absent = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no large blob {key}"),
+        )
+    };
+    let large = s.store.large().ok_or_else(absent)?;
+    let size = large.size(&key).await?.ok_or_else(absent)?;
+    if body.len() as u64 != outboard::outboard_len(size) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "bad_outboard",
+            format!(
+                "an outboard of {} bytes, but blob {key} of {size} bytes has one of {}",
+                body.len(),
+                outboard::outboard_len(size)
+            ),
+        ));
+    }
+    if large.put_outboard(&key, body).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(absent())
+    }
 }
 
 async fn delete_pin(

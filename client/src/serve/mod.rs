@@ -6,7 +6,9 @@
 //! POST   /blobs             an upload whose key the server computes
 //! GET    /blobs/{key}       the blob (or one `Range: bytes=…`), verified as it is sent
 //! HEAD   /blobs/{key}       its length, ETag and Accept-Ranges
+//! GET    /blobs?after=K&limit=N   keys in order, a page at a time (JSON)
 //! GET    /blobs/{key}/outboard   its BLAKE3 outboard (ranges too)
+//! PUT    /blobs/{key}/outboard   stores one (its length checked, 422)
 //! DELETE /pins/{id}         releases the pin a put handed out
 //! ```
 //!

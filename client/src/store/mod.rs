@@ -32,7 +32,7 @@ pub mod postgres;
 mod presets;
 mod publication;
 mod put;
-mod ranged;
+pub(crate) mod ranged;
 mod read;
 mod types;
 mod usage;

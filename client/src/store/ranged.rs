@@ -241,24 +241,71 @@ async fn check_blocking(
     crate::backend::blocking("blake3", move || Ok(run())).await
 }
 
-impl Store {
-    /// The large engine's verifier for `key`, or `None` if it holds no
-    /// such blob.
-    async fn verifier(&self, key: &Key) -> Result<Option<Verifier>> {
-        let Some(large) = self.large() else {
-            return Ok(None);
-        };
-        let Some(size) = large.size(key).await? else {
-            return Ok(None);
-        };
-        Ok(Some(Verifier {
-            large: large.clone(),
-            key: *key,
-            size,
-            computed: OnceCell::new(),
-        }))
-    }
+/// `key`'s verifier over `large`, or `None` if it holds no such blob.
+async fn verifier(large: &Arc<dyn LargeBackend>, key: &Key) -> Result<Option<Verifier>> {
+    let Some(size) = large.size(key).await? else {
+        return Ok(None);
+    };
+    Ok(Some(Verifier {
+        large: large.clone(),
+        key: *key,
+        size,
+        computed: OnceCell::new(),
+    }))
+}
 
+/// Up to `len` bytes of `key` from `offset` on `large`, checked against
+/// the key through its outboard (see [`Store::get_range_verified`]): for
+/// engines that verify what they receive (`routed`).
+pub(crate) async fn range_verified(
+    large: &Arc<dyn LargeBackend>,
+    key: &Key,
+    offset: u64,
+    len: u64,
+) -> Result<Option<Bytes>> {
+    let Some(v) = verifier(large, key).await? else {
+        return Ok(None);
+    };
+    let r = clamp_range(key, v.size, offset, len)?;
+    if r.is_empty() {
+        return Ok(Some(Bytes::new()));
+    }
+    v.window(r).await.map(Some)
+}
+
+/// A reader yielding only verified bytes of `key` on `large` (see
+/// [`Store::open_range_verified`]).
+pub(crate) async fn reader_verified(
+    large: &Arc<dyn LargeBackend>,
+    key: &Key,
+    offset: u64,
+    len: u64,
+) -> Result<Option<BlobReader>> {
+    let Some(verifier) = verifier(large, key).await? else {
+        return Ok(None);
+    };
+    let r = clamp_range(key, verifier.size, offset, len)?;
+    let verifier = Arc::new(verifier);
+    // Window edges on chunk-group multiples of WINDOW, so every window
+    // but the first and last is whole.
+    let mut edges = Vec::new();
+    let mut at = r.start;
+    while at < r.end {
+        let next = ((at / WINDOW + 1) * WINDOW).min(r.end);
+        edges.push(at..next);
+        at = next;
+    }
+    let stream = futures::stream::iter(edges)
+        .map(move |w| {
+            let v = verifier.clone();
+            async move { v.window(w).await }
+        })
+        .buffered(AHEAD)
+        .map_err(io_error);
+    Ok(Some(Box::pin(tokio_util::io::StreamReader::new(stream))))
+}
+
+impl Store {
     /// Up to `len` bytes from `offset` (clamped to the end), verified
     /// against the key, or `None`. A large blob's range is checked through
     /// its outboard: only the 16 KiB chunk groups it covers and their path
@@ -276,14 +323,10 @@ impl Store {
             if let Some(v) = self.kv().get(key).await? {
                 return self.kv_range_verified(key, v, offset, len).await.map(Some);
             }
-            let Some(verifier) = self.verifier(key).await? else {
-                return Ok(None);
-            };
-            let r = clamp_range(key, verifier.size, offset, len)?;
-            if r.is_empty() {
-                return Ok(Some(Bytes::new()));
+            match self.large() {
+                Some(large) => range_verified(large, key, offset, len).await,
+                None => Ok(None),
             }
-            verifier.window(r).await.map(Some)
         }
         .instrument(span)
         .await
@@ -319,28 +362,10 @@ impl Store {
             let v = self.kv_range_verified(key, v, offset, len).await?;
             return Ok(Some(Box::pin(std::io::Cursor::new(v))));
         }
-        let Some(verifier) = self.verifier(key).await? else {
-            return Ok(None);
-        };
-        let r = clamp_range(key, verifier.size, offset, len)?;
-        let verifier = Arc::new(verifier);
-        // Window edges on chunk-group multiples of WINDOW, so every window
-        // but the first and last is whole.
-        let mut edges = Vec::new();
-        let mut at = r.start;
-        while at < r.end {
-            let next = ((at / WINDOW + 1) * WINDOW).min(r.end);
-            edges.push(at..next);
-            at = next;
+        match self.large() {
+            Some(large) => reader_verified(large, key, offset, len).await,
+            None => Ok(None),
         }
-        let stream = futures::stream::iter(edges)
-            .map(move |w| {
-                let v = verifier.clone();
-                async move { v.window(w).await }
-            })
-            .buffered(AHEAD)
-            .map_err(io_error);
-        Ok(Some(Box::pin(tokio_util::io::StreamReader::new(stream))))
     }
 
     /// Whether `key`'s ranges can be verified without reading it whole, or

@@ -1,0 +1,550 @@
+//! `routed`: a large tier on another node, through its `alkblobs serve`
+//! (feature `serve`). Every byte it receives is checked against its key
+//! before it is returned: ranges through the blob's BLAKE3 outboard (the
+//! storage node's, itself checked against the key), whole reads the same
+//! way, so a lying or damaged storage node is caught at the first bad
+//! offset ([`crate::Error::CorruptAt`]).
+//!
+//! Puts are verified uploads (`PUT /blobs/{key}`: the storage node stores
+//! nothing that is not the key) and release the pin the node holds for
+//! them at once: the putting store's own pin (pin-before-publish, in the
+//! pool both share) protects the key. Deletion is the storage node's:
+//! this engine refuses it ([`crate::Error::ReadOnly`]), so a pool whose
+//! kv-only nodes route large content sweeps on its storage node.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use reqwest::{Method, StatusCode};
+use tokio::io::AsyncWriteExt;
+
+use super::{Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite};
+use crate::store::ranged::{range_verified, reader_verified};
+use crate::{Error, Key, Result};
+
+/// Keys one listing request returns.
+const LIST_PAGE: usize = 1000;
+
+/// Where a routed engine sends large content; build with
+/// `RoutedOptions::new(url).token(..)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RoutedOptions {
+    /// The storage node's `alkblobs serve` URL, e.g. `https://store-1:7860`.
+    pub url: String,
+    /// A bearer token granting write (or read, for a read-only node).
+    pub token: Option<String>,
+    /// A PEM file of the CA that signed the node's certificate, when it is
+    /// not one the system trusts.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl RoutedOptions {
+    /// A node at `url`.
+    pub fn new(url: impl Into<String>) -> RoutedOptions {
+        RoutedOptions {
+            url: url.into().trim_end_matches('/').to_owned(),
+            token: None,
+            ca_file: None,
+        }
+    }
+
+    /// The bearer token.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The CA certificate file.
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+}
+
+struct Inner {
+    opts: RoutedOptions,
+    client: reqwest::Client,
+    display: String,
+}
+
+/// The engine: cloning shares the connection pool.
+#[derive(Clone)]
+pub struct RoutedBackend {
+    inner: Arc<Inner>,
+    /// The same node, unverified: what the verified reads read through.
+    raw: Arc<dyn LargeBackend>,
+}
+
+/// The storage node's answers as they come, for the verifier to check.
+struct Raw(Arc<Inner>);
+
+impl Inner {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.opts.url)
+    }
+
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.client.request(method, self.url(path));
+        match &self.opts.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    fn transport(&self, e: reqwest::Error) -> Error {
+        Error::Unavailable {
+            engine: self.display.clone(),
+            source: Box::new(e.without_url()),
+        }
+    }
+
+    /// An answer that is not the one expected, as an error: the node's
+    /// JSON error when it sent one.
+    async fn unexpected(&self, what: &str, key: Option<&Key>, r: reqwest::Response) -> Error {
+        let status = r.status();
+        let body = r.text().await.unwrap_or_default();
+        let code = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        match (status, code.as_str(), key) {
+            (StatusCode::UNPROCESSABLE_ENTITY, "hash_mismatch", Some(k)) => Error::HashMismatch {
+                expected: *k,
+                actual: *k,
+            },
+            (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, ..) => Error::Config(format!(
+                "{}: {what}: the storage node refused ({status}, {code}): check the routed tier's token",
+                self.display
+            )),
+            (s, ..) if s.is_server_error() || s == StatusCode::REQUEST_TIMEOUT => {
+                Error::Unavailable {
+                    engine: self.display.clone(),
+                    source: format!("{what}: {status} {body}").into(),
+                }
+            }
+            _ => Error::engine(&self.display, format!("{what}: {status} {body}")),
+        }
+    }
+
+    async fn size(&self, key: &Key) -> Result<Option<u64>> {
+        let r = self
+            .request(Method::HEAD, &format!("/blobs/{key}"))
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        match r.status() {
+            // The header itself: a HEAD response's body is empty, and
+            // reqwest's content_length() is the body's.
+            StatusCode::OK => r
+                .headers()
+                .get(reqwest::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    Error::engine(&self.display, "a HEAD answer without Content-Length")
+                }),
+            StatusCode::NOT_FOUND => Ok(None),
+            _ => Err(self.unexpected("stat a blob", Some(key), r).await),
+        }
+    }
+
+    /// `[offset, offset+len)` of the blob or its outboard (`suffix`
+    /// "/outboard"), as the node sends it; `None` when it has none.
+    async fn window(
+        &self,
+        key: &Key,
+        suffix: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Bytes>> {
+        if len == 0 {
+            return Ok(Some(Bytes::new()));
+        }
+        let last = offset.saturating_add(len) - 1;
+        let r = self
+            .request(Method::GET, &format!("/blobs/{key}{suffix}"))
+            .header(reqwest::header::RANGE, format!("bytes={offset}-{last}"))
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        match r.status() {
+            StatusCode::PARTIAL_CONTENT => {
+                Ok(Some(r.bytes().await.map_err(|e| self.transport(e))?))
+            }
+            // The whole of it (a node may ignore a range): the window.
+            StatusCode::OK => {
+                let all = r.bytes().await.map_err(|e| self.transport(e))?;
+                let r = super::clamp_range(key, all.len() as u64, offset, len)?;
+                Ok(Some(all.slice(r.start as usize..r.end as usize)))
+            }
+            StatusCode::NOT_FOUND => Ok(None),
+            // At or past the end.
+            StatusCode::RANGE_NOT_SATISFIABLE => {
+                let size = r
+                    .headers()
+                    .get(reqwest::header::CONTENT_RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("bytes */"))
+                    .and_then(|v| v.parse::<u64>().ok());
+                match size {
+                    Some(s) if offset == s => Ok(Some(Bytes::new())),
+                    Some(s) => Err(Error::InvalidRange {
+                        key: *key,
+                        offset,
+                        size: s,
+                    }),
+                    None => Err(self.unexpected("read a range", Some(key), r).await),
+                }
+            }
+            _ => Err(self.unexpected("read a range", Some(key), r).await),
+        }
+    }
+
+    /// A verified upload of `body`; the node's pin on it is released (the
+    /// caller's store pinned the key in the pool both share).
+    async fn upload(&self, key: &Key, body: reqwest::Body) -> Result<PutOutcome> {
+        let r = self
+            .request(Method::PUT, &format!("/blobs/{key}"))
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        let outcome = match r.status() {
+            StatusCode::CREATED => PutOutcome::Created,
+            StatusCode::OK => PutOutcome::Existed,
+            _ => return Err(self.unexpected("put a blob", Some(key), r).await),
+        };
+        let body = r.bytes().await.map_err(|e| self.transport(e))?;
+        let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        if let Some(release) = answer["pin"]["release"].as_str() {
+            // Best effort: a pin left behind ends with its hold.
+            let _ = self.request(Method::DELETE, release).send().await;
+        }
+        Ok(outcome)
+    }
+}
+
+impl RoutedBackend {
+    /// Connects to the storage node at `opts.url` and checks that it
+    /// answers (and accepts the token for reads).
+    pub async fn open(opts: RoutedOptions) -> Result<RoutedBackend> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut b = reqwest::Client::builder();
+        if let Some(ca) = &opts.ca_file {
+            let pem = std::fs::read(ca).map_err(|source| Error::Input {
+                what: ca.display().to_string(),
+                source,
+            })?;
+            let cert = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| Error::Config(format!("CA file {}: {e}", ca.display())))?;
+            b = b.add_root_certificate(cert);
+        }
+        let client = b
+            .build()
+            .map_err(|e| Error::Config(format!("routed tier {}: {e}", opts.url)))?;
+        if !(opts.url.starts_with("http://") || opts.url.starts_with("https://")) {
+            return Err(Error::Config(format!(
+                "routed tier {:?}: the storage node's URL starts with http:// or https://",
+                opts.url
+            )));
+        }
+        let inner = Arc::new(Inner {
+            display: format!("routed({})", opts.url),
+            opts,
+            client,
+        });
+        let r = inner
+            .request(Method::GET, "/blobs?limit=0")
+            .send()
+            .await
+            .map_err(|e| inner.transport(e))?;
+        if r.status() != StatusCode::OK {
+            return Err(inner.unexpected("reach the storage node", None, r).await);
+        }
+        Ok(RoutedBackend {
+            raw: Arc::new(Raw(inner.clone())),
+            inner,
+        })
+    }
+}
+
+impl fmt::Debug for RoutedBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoutedBackend")
+            .field("url", &self.inner.opts.url)
+            .finish()
+    }
+}
+
+impl fmt::Display for RoutedBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.display)
+    }
+}
+
+impl fmt::Debug for Raw {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.display)
+    }
+}
+
+impl fmt::Display for Raw {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.display)
+    }
+}
+
+fn refused(engine: &str) -> Error {
+    Error::ReadOnly {
+        engine: engine.to_owned(),
+        action: "delete (a routed tier's deletions run on its storage node: sweep there)",
+    }
+}
+
+#[async_trait]
+impl Backend for RoutedBackend {
+    fn name(&self) -> &str {
+        "routed"
+    }
+
+    fn sharing(&self) -> Sharing {
+        Sharing::Shared
+    }
+
+    async fn has(&self, key: &Key) -> Result<bool> {
+        Ok(self.inner.size(key).await?.is_some())
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+        range_verified(&self.raw, key, 0, u64::MAX).await
+    }
+
+    async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
+        self.inner.upload(key, reqwest::Body::from(value)).await
+    }
+
+    async fn delete(&self, _key: &Key) -> Result<Option<u64>> {
+        Err(refused(&self.inner.display))
+    }
+
+    fn list(&self) -> KeyStream<'_> {
+        let inner = self.inner.clone();
+        crate::pager::paged(
+            LIST_PAGE,
+            |k: &Key| *k,
+            move |after: Option<Key>| {
+                let inner = inner.clone();
+                async move {
+                    let path = match after {
+                        Some(a) => format!("/blobs?after={a}&limit={LIST_PAGE}"),
+                        None => format!("/blobs?limit={LIST_PAGE}"),
+                    };
+                    let r = inner
+                        .request(Method::GET, &path)
+                        .send()
+                        .await
+                        .map_err(|e| inner.transport(e))?;
+                    if r.status() != StatusCode::OK {
+                        return Err(inner.unexpected("list blobs", None, r).await);
+                    }
+                    let body = r.bytes().await.map_err(|e| inner.transport(e))?;
+                    let hex: Vec<String> = serde_json::from_slice(&body).map_err(|e| {
+                        Error::engine(
+                            &inner.display,
+                            format!("the node's listing is not keys: {e}"),
+                        )
+                    })?;
+                    hex.iter()
+                        .map(|h| h.parse::<Key>().map_err(Error::from))
+                        .collect::<Result<Vec<Key>>>()
+                }
+            },
+        )
+    }
+
+    async fn size(&self, key: &Key) -> Result<Option<u64>> {
+        self.inner.size(key).await
+    }
+
+    async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.read_range(key, offset, len).await
+    }
+}
+
+#[async_trait]
+impl LargeBackend for RoutedBackend {
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        let file = tempfile::tempfile().map_err(|e| Error::engine(&self.inner.display, e))?;
+        Ok(Box::new(RoutedWrite {
+            inner: self.inner.clone(),
+            spool: tokio::fs::File::from_std(file),
+            written: 0,
+        }))
+    }
+
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        reader_verified(&self.raw, key, 0, u64::MAX).await
+    }
+
+    async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        range_verified(&self.raw, key, offset, len).await
+    }
+
+    async fn delete_through(&self, _key: &Key, _through: u64) -> Result<Option<u64>> {
+        Err(refused(&self.inner.display))
+    }
+
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.inner.window(key, "/outboard", offset, len).await
+    }
+
+    async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
+        let r = self
+            .inner
+            .request(Method::PUT, &format!("/blobs/{key}/outboard"))
+            .body(outboard)
+            .send()
+            .await
+            .map_err(|e| self.inner.transport(e))?;
+        match r.status() {
+            StatusCode::NO_CONTENT => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            _ => Err(self.inner.unexpected("put an outboard", Some(key), r).await),
+        }
+    }
+}
+
+/// What the verifier reads through: the node's bytes and outboards as sent.
+#[async_trait]
+impl Backend for Raw {
+    fn name(&self) -> &str {
+        "routed"
+    }
+    fn sharing(&self) -> Sharing {
+        Sharing::Shared
+    }
+    async fn has(&self, key: &Key) -> Result<bool> {
+        Ok(self.0.size(key).await?.is_some())
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+        self.0.window(key, "", 0, u64::MAX).await
+    }
+    async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
+        self.0.upload(key, reqwest::Body::from(value)).await
+    }
+    async fn delete(&self, _key: &Key) -> Result<Option<u64>> {
+        Err(refused(&self.0.display))
+    }
+    fn list(&self) -> KeyStream<'_> {
+        Box::pin(futures::stream::once(async {
+            Err(Error::engine(
+                &self.0.display,
+                "not listed through the raw reader",
+            ))
+        }))
+    }
+    async fn size(&self, key: &Key) -> Result<Option<u64>> {
+        self.0.size(key).await
+    }
+}
+
+#[async_trait]
+impl LargeBackend for Raw {
+    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        Err(Error::engine(
+            &self.0.display,
+            "the raw reader does not write",
+        ))
+    }
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        let r = self
+            .0
+            .request(Method::GET, &format!("/blobs/{key}"))
+            .send()
+            .await
+            .map_err(|e| self.0.transport(e))?;
+        match r.status() {
+            StatusCode::OK => {
+                let stream = r.bytes_stream().map_err(std::io::Error::other);
+                Ok(Some(Box::pin(tokio_util::io::StreamReader::new(stream))))
+            }
+            StatusCode::NOT_FOUND => Ok(None),
+            _ => Err(self.0.unexpected("read a blob", Some(key), r).await),
+        }
+    }
+    async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.0.window(key, "", offset, len).await
+    }
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        self.0.window(key, "/outboard", offset, len).await
+    }
+    async fn read_outboard_windows(
+        &self,
+        key: &Key,
+        windows: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Bytes>>> {
+        // Every window at once: one round trip's latency.
+        let got = futures::future::try_join_all(
+            windows
+                .iter()
+                .map(|w| self.0.window(key, "/outboard", w.start, w.end - w.start)),
+        )
+        .await?;
+        Ok(got.into_iter().collect())
+    }
+    async fn put_outboard(&self, _key: &Key, _outboard: Bytes) -> Result<bool> {
+        Err(Error::engine(
+            &self.0.display,
+            "the raw reader does not write",
+        ))
+    }
+}
+
+/// A write spooled to an unnamed temporary file, uploaded at commit (the
+/// node verifies it against the key and computes its own outboard).
+struct RoutedWrite {
+    inner: Arc<Inner>,
+    spool: tokio::fs::File,
+    written: u64,
+}
+
+#[async_trait]
+impl StagedWrite for RoutedWrite {
+    async fn write(&mut self, chunk: Bytes) -> Result<()> {
+        self.spool
+            .write_all(&chunk)
+            .await
+            .map_err(|e| Error::engine(&self.inner.display, format!("spooling a put: {e}")))?;
+        self.written += chunk.len() as u64;
+        Ok(())
+    }
+
+    fn written(&self) -> u64 {
+        self.written
+    }
+
+    async fn commit(mut self: Box<Self>, key: &Key, _outboard: Bytes) -> Result<PutOutcome> {
+        use tokio::io::AsyncSeekExt;
+        let spool_err =
+            |e: std::io::Error| Error::engine(&self.inner.display, format!("spooling a put: {e}"));
+        self.spool.flush().await.map_err(spool_err)?;
+        self.spool.rewind().await.map_err(spool_err)?;
+        let file = std::mem::replace(
+            &mut self.spool,
+            tokio::fs::File::from_std(tempfile::tempfile().map_err(spool_err)?),
+        );
+        let body =
+            reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::with_capacity(file, 1 << 20));
+        self.inner.upload(key, body).await
+    }
+
+    async fn abort(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
