@@ -451,6 +451,118 @@ async fn instances_in_separate_processes_race_sweeps_and_lose_nothing() {
     }
 }
 
+/// Two kv-only nodes in their own processes route large content to a
+/// storage node (`alkblobs serve` over its shared local tier) and race its
+/// sweeps with puts, liveness writes and deletes, pins and reads: every
+/// byte they read back is checked, and afterwards every key a liveness row
+/// names is present and byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routed_nodes_race_the_storage_nodes_sweeps_and_lose_nothing() {
+    let c = connect().await;
+    let pool = fleet_pool("fl-routed", "60 seconds", "local").await;
+    let table = alkblobs_tests::pg::table_name(&pool, "refs");
+    c.batch_execute(&format!(
+        "CREATE TABLE {table} (key bytea PRIMARY KEY, seed bigint NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = open(&pool, FleetLarge::SharedLocal(dir.path().join("large"))).await;
+    let server = alkblobs::serve::start(
+        node.clone(),
+        alkblobs::serve::ServeOptions::new("127.0.0.1:0".parse().unwrap()),
+    )
+    .await
+    .unwrap();
+    let routed = format!("routed=http://{}", server.addr());
+    let children: Vec<_> = (0..2)
+        .map(|i| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
+                .args([
+                    "fleet-race",
+                    &url(),
+                    &pool,
+                    &table,
+                    &i.to_string(),
+                    "6",
+                    &routed,
+                ])
+                .output_async()
+        })
+        .collect();
+    // The storage node sweeps while they race.
+    let sweeper = {
+        let node = node.clone();
+        tokio::spawn(async move {
+            let mut deleted = 0;
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(7);
+            while std::time::Instant::now() < until {
+                match node.sweep(alkblobs::SweepOptions::new()).await {
+                    Ok(r) => deleted += r.deleted,
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => panic!("the storage node's sweep: {e}"),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            }
+            deleted
+        })
+    };
+    for child in children {
+        let out = child.await.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "a routed node failed:\n{text}");
+    }
+    let swept = sweeper.await.unwrap();
+    assert!(
+        swept > 0,
+        "the storage node's sweeps never collected anything"
+    );
+    let rows = c
+        .query(&format!("SELECT key, seed FROM {table}"), &[])
+        .await
+        .unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        let k = Key::from_slice(&r.get::<_, Vec<u8>>(0)).unwrap();
+        let v = alkblobs_tests::fleet_value(r.get::<_, i64>(1) as u64);
+        assert_eq!(
+            node.get(&k).await.unwrap().as_deref(),
+            Some(&v[..]),
+            "a live key lost its content"
+        );
+    }
+    server
+        .shutdown(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+}
+
+/// A routed declaration is refused over a pool without a large tier, and
+/// by a single-instance store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routed_is_refused_where_no_storage_node_can_hold_the_content() {
+    let pool = fleet_pool("fl-routed-none", "60 seconds", "none").await;
+    let o = alkblobs::backend::routed::RoutedOptions::new("http://127.0.0.1:9");
+    let e = Store::open_fleet(FleetOptions::new(
+        url(),
+        &pool,
+        FleetLarge::Routed(o.clone()),
+    ))
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("fleet-validity rule") && m.contains("has none")),
+        "{e}"
+    );
+}
+
 /// `Command::output` off the async workers.
 trait OutputAsync {
     fn output_async(self) -> tokio::task::JoinHandle<std::process::Output>;

@@ -21,11 +21,13 @@
 //!   shared tier's protocol of `SharedLocal` — pin row and object record
 //!   first, upload, publish; tombstones before deletion — with another
 //!   medium;
-//! - [`FleetLarge::KvOnly`]: no large tier on this node (routed): puts
-//!   over the threshold are refused with [`Error::TooLarge`], and a storage
-//!   node — a fleet store of the same pool with its large tier — takes and
-//!   serves large content through the verified path
-//!   ([`Store::put_verified`], [`Store::get_verified`]).
+//! - [`FleetLarge::KvOnly`]: no large tier on this node: puts over the
+//!   threshold are refused with [`Error::TooLarge`];
+//! - `FleetLarge::Routed` (feature `serve`): no large tier on this node
+//!   either, but large content goes through a storage node — a fleet store
+//!   of the same pool declaring its large tier, running `alkblobs serve` —
+//!   by verified uploads, and every byte read back is checked against its
+//!   key. Accepted over any pool that has a large tier.
 //!
 //! A `PgLo`, `SharedLocal` or `S3` declaration must match the pool's own
 //! (`alkblobs_pools.large_tier`: `pg-lo`, `local`, `s3`, and for `s3` the
@@ -61,6 +63,15 @@ pub enum FleetLarge {
     /// No large tier on this node (routed): puts over the threshold are
     /// refused with [`Error::TooLarge`].
     KvOnly,
+    /// The pool's large tier through a storage node's `alkblobs serve`
+    /// (feature `serve`): a kv-only node that still puts and reads large
+    /// content, every byte it receives checked against its key
+    /// ([`crate::backend::routed::RoutedBackend`]). The storage node is a
+    /// fleet instance of the same pool declaring the pool's tier, so the
+    /// content lands where the rule says; its deletions are the storage
+    /// node's (sweep there).
+    #[cfg(feature = "serve")]
+    Routed(crate::backend::routed::RoutedOptions),
 }
 
 impl FleetLarge {
@@ -72,6 +83,8 @@ impl FleetLarge {
             #[cfg(feature = "s3")]
             FleetLarge::S3(_) => PoolLargeTier::S3,
             FleetLarge::KvOnly => PoolLargeTier::None,
+            #[cfg(feature = "serve")]
+            FleetLarge::Routed(_) => PoolLargeTier::None,
         }
     }
 }
@@ -164,7 +177,25 @@ impl Store {
         }
         // A kv-only node stores no large content, which is sound over any
         // pool (routed: a storage node holds the pool's large tier).
-        if opts.large != FleetLarge::KvOnly && opts.large.pool_tier() != info.large_tier {
+        #[cfg(feature = "serve")]
+        if matches!(opts.large, FleetLarge::Routed(_)) && info.large_tier == PoolLargeTier::None {
+            return Err(Error::Config(format!(
+                "the fleet-validity rule: a routed node sends large content to a storage node holding the pool's large tier, and pool {:?} has none (large_tier none): declare FleetLarge::KvOnly (--large none)",
+                info.name
+            )));
+        }
+        let routed = {
+            #[cfg(feature = "serve")]
+            {
+                matches!(opts.large, FleetLarge::Routed(_))
+            }
+            #[cfg(not(feature = "serve"))]
+            {
+                false
+            }
+        };
+        if opts.large != FleetLarge::KvOnly && !routed && opts.large.pool_tier() != info.large_tier
+        {
             return Err(Error::Config(format!(
                 "the fleet-validity rule: every node of a fleet declares the pool's large tier, and pool {:?} keeps large content in {:?}, not {:?} ({}). Declare {}",
                 info.name,
@@ -209,6 +240,10 @@ impl Store {
         let builder = match opts.large {
             FleetLarge::PgLo => builder.large(PgLoBackend::new(pg)),
             FleetLarge::KvOnly => builder.kv_only(),
+            #[cfg(feature = "serve")]
+            FleetLarge::Routed(o) => {
+                builder.large(crate::backend::routed::RoutedBackend::open(o).await?)
+            }
             FleetLarge::SharedLocal(dir) => {
                 let mut lo = LocalOptions::default().shared_media(true);
                 if let Some(g) = opts.staging_grace {

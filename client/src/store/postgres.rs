@@ -35,6 +35,12 @@ pub enum PgLarge {
     /// and credentials.
     #[cfg(feature = "s3")]
     S3(crate::backend::s3::S3Options),
+    /// A storage node's tier through its `alkblobs serve` (feature
+    /// `serve`): a fleet topology only ([`crate::store::fleet::FleetLarge::Routed`]);
+    /// a single-instance store refuses it (its in-process sweep would
+    /// delete through a tier that cannot).
+    #[cfg(feature = "serve")]
+    Routed(crate::backend::routed::RoutedOptions),
 }
 
 /// The S3 options for a pool whose large tier is `s3`: the declared ones,
@@ -182,6 +188,12 @@ impl Store {
                     "pool {:?} keeps large content in files on a local tier: give its directory (PgLarge::Local)",
                     info.name
                 )));
+            }
+            #[cfg(feature = "serve")]
+            (PgLarge::Routed(_), _) => {
+                return Err(Error::Config(
+                    "a routed large tier is a fleet's (FleetLarge::Routed, --fleet --large routed=URL): a single-instance store sweeps in process and would delete through it".into(),
+                ));
             }
             (PgLarge::PgLo, _) => return Err(mismatch("pg-lo")),
             (PgLarge::None, _) => return Err(mismatch("none")),

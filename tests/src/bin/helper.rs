@@ -321,8 +321,16 @@ async fn fleet_hold(url: &str, pool: &str, n: u32) {
 async fn fleet_race(url: &str, pool: &str, table: &str, me: u64, secs: u64) {
     use alkblobs::store::fleet::{FleetLarge, FleetOptions};
     use rand::Rng;
-    // A seventh argument `s3://BUCKET/PREFIX`: the pool's large tier is on S3.
+    // A seventh argument `s3://BUCKET/PREFIX`: the pool's large tier is on
+    // S3; `routed=URL`: this racer is a kv-only node routing large content
+    // to that storage node (which sweeps: a routed node never does).
+    let routed = std::env::args().nth(7).filter(|a| a.starts_with("routed="));
     let large = match std::env::args().nth(7) {
+        Some(_) if routed.is_some() => {
+            FleetLarge::Routed(alkblobs::backend::routed::RoutedOptions::new(
+                &routed.clone().unwrap()["routed=".len()..],
+            ))
+        }
         #[cfg(feature = "s3")]
         Some(loc) => FleetLarge::S3(alkblobs::backend::s3::S3Options::new(
             loc.parse().expect("an s3 location"),
@@ -391,7 +399,7 @@ async fn fleet_race(url: &str, pool: &str, table: &str, me: u64, secs: u64) {
             let k = rng.random_range(0..held.len());
             drop(held.swap_remove(k));
         }
-        if i.is_multiple_of(10) {
+        if i.is_multiple_of(10) && routed.is_none() {
             match store.sweep(SweepOptions::new()).await {
                 Ok(r) => deleted += r.deleted,
                 Err(e) if e.is_retryable() => {}

@@ -82,7 +82,7 @@ impl Ctx {
                 Fail::new(
                     Exit::BadInput,
                     format!(
-                        "{what}: the fleet-validity rule needs the large tier declared: --large pg-lo, --large none (kv-only, large content routed to a storage node), --large s3://BUCKET/PREFIX (the pool's S3 location) or --large local=DIR --shared-media (DIR is the same fleet-shared media on every node)"
+                        "{what}: the fleet-validity rule needs the large tier declared: --large pg-lo, --large none (kv-only), --large routed=URL (kv-only, large content through a storage node's alkblobs serve), --large s3://BUCKET/PREFIX (the pool's S3 location) or --large local=DIR --shared-media (DIR is the same fleet-shared media on every node)"
                     ),
                 )
             };
@@ -94,6 +94,7 @@ impl Ctx {
                     return Err(rule("--fleet --large local=DIR without --shared-media"));
                 }
                 PgLarge::S3(o) => FleetLarge::S3(o.clone()),
+                PgLarge::Routed(o) => FleetLarge::Routed(o.clone()),
                 _ => return Err(rule("--fleet without --large")),
             };
             return Ok(Store::open_fleet(FleetOptions::new(&pg.url, &pg.pool, large)).await?);

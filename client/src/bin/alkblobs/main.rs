@@ -29,6 +29,7 @@ mod stat;
 mod usage;
 mod verify;
 
+use alkblobs::backend::routed::RoutedOptions;
 use alkblobs::backend::s3::{S3Location, S3Options};
 use alkblobs::store::postgres::PgLarge;
 use ctx::{Ctx, PgTarget};
@@ -70,7 +71,9 @@ struct Cli {
     /// The large tier: s3://BUCKET/PREFIX (objects on S3; endpoint and
     /// credentials from the AWS environment), or for a PostgreSQL store
     /// pg-lo, none or local=DIR (the pool's own if not given; it must match
-    /// the pool's). For `pool create`: the new pool's (pg-lo if not given;
+    /// the pool's), or for a fleet node routed=URL (the pool's tier through
+    /// a storage node's `alkblobs serve`; its token in ALKBLOBS_ROUTED_TOKEN,
+    /// a CA file in ALKBLOBS_ROUTED_CA). For `pool create`: the new pool's (pg-lo if not given;
     /// `local` alone; s3://BUCKET/PREFIX records the pool's location).
     #[arg(long, global = true, value_name = "TIER", value_parser = large_arg)]
     large: Option<PgLarge>,
@@ -196,10 +199,27 @@ fn large_arg(s: &str) -> Result<PgLarge, String> {
             .parse::<S3Location>()
             .map(|l| PgLarge::S3(S3Options::new(l)))
             .map_err(|e| e.to_string()),
+        other if other.starts_with("routed=") => {
+            let url = &other["routed=".len()..];
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "{other:?}: routed=URL names a storage node's http:// or https:// URL"
+                ));
+            }
+            // The node's token and CA from the environment (never argv).
+            let mut o = RoutedOptions::new(url);
+            if let Ok(t) = std::env::var("ALKBLOBS_ROUTED_TOKEN") {
+                o = o.token(t);
+            }
+            if let Ok(ca) = std::env::var("ALKBLOBS_ROUTED_CA") {
+                o = o.ca_file(ca);
+            }
+            Ok(PgLarge::Routed(o))
+        }
         other => match other.strip_prefix("local=") {
             Some(dir) if !dir.is_empty() => Ok(PgLarge::Local(PathBuf::from(dir))),
             _ => Err(format!(
-                "{other:?} is not pg-lo, none, local, local=DIR or s3://BUCKET/PREFIX"
+                "{other:?} is not pg-lo, none, local, local=DIR, routed=URL or s3://BUCKET/PREFIX"
             )),
         },
     }
