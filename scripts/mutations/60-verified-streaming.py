@@ -1,0 +1,72 @@
+"""Verified streaming and the ops surface (issue 25): outboards, verified
+ranges, `alkblobs serve`, the routed engine."""
+# (M is the runner's: scripts/mutants.py loads this file.)
+MUTATIONS = [
+    # The outboard's tree walk compares every group with what its parent
+    # says; without the comparison any bytes pass.
+    M(id="outboard-leaf-unchecked",
+      what="a verified range accepts a chunk group whose hash does not match its parent's entry",
+      file="client/src/outboard.rs",
+      find="                if cv != expected {\n                    return Err(Mismatch::Data(at));",
+      replace="                if cv != expected && false {\n                    return Err(Mismatch::Data(at));",
+      kind="rust",
+      tests=["a_flipped_byte_is_caught_at_its_group_and_only_there",
+             "a_lying_node_is_caught_at_the_right_offset"]),
+    # A parent's pair must merge to what its own parent (or the key) says.
+    M(id="outboard-parent-unchecked",
+      what="a verified range trusts the outboard's pairs without merging them up to the key",
+      file="client/src/outboard.rs",
+      find="                if parent(&l, &r, is_root) != expected {",
+      replace="                if parent(&l, &r, is_root) != expected && false {",
+      kind="rust",
+      tests=["truncated_reads_and_another_blobs_bytes_are_caught",
+             "a_lying_node_is_caught_at_the_right_offset"]),
+    # The fallback when the stored outboard is bad computes one from the
+    # whole blob and must check it against the key.
+    M(id="computed-outboard-not-keyed",
+      what="an outboard computed from the whole blob is used without checking its root against the key",
+      file="client/src/store/ranged.rs",
+      find="                if key != self.key || n != self.size {",
+      replace="                if (key != self.key || n != self.size) && false {",
+      kind="rust",
+      tests=["a_blob_without_an_outboard_reads_verified_until_repaired",
+             "a_lying_node_is_caught_at_the_right_offset"]),
+    # A streamed verified put compares the key before it publishes.
+    M(id="serve-put-unverified",
+      what="a streamed PUT /blobs/{key} publishes bytes that are not the key",
+      file="client/src/store/put.rs",
+      find="            if let Some(expected) = expected\n                && expected != key\n            {\n                let _ = writer.abort().await;",
+      replace="            if let Some(expected) = expected\n                && expected != key && false\n            {\n                let _ = writer.abort().await;",
+      kind="rust",
+      tests=["curl_puts_gets_ranges_and_conditionals_and_never_sees_a_5xx"]),
+    # Tokens: a read token must not write.
+    M(id="serve-read-token-writes",
+      what="a read-only token is allowed to put",
+      file="client/src/serve/api.rs",
+      find="        Some(g) if g < need => Err(ApiError::new(",
+      replace="        Some(g) if g < need && false => Err(ApiError::new(",
+      kind="rust",
+      tests=["tokens_grant_read_or_write_and_tls_serves_the_same"]),
+    M(id="serve-no-token-any-client",
+      what="without tokens, a non-loopback client is served",
+      file="client/src/serve/api.rs",
+      find="        if peer.ip().is_loopback() {",
+      replace="        if peer.ip().is_loopback() || true {",
+      kind="rust",
+      tests=["a_non_loopback_client_without_tokens_is_refused"]),
+    # Outboards go with their blob.
+    M(id="local-outboard-kept-after-delete",
+      what="the local engine leaves a deleted blob's outboard behind",
+      file="client/src/backend/local/mod.rs",
+      find="            inner.remove_outboard(&key);\n",
+      replace="",
+      kind="rust",
+      tests=[("engines", "outboards")]),
+    M(id="put-without-outboard",
+      what="a store put commits its large blob without its outboard",
+      file="client/src/store/put.rs",
+      find="        let outcome = writer.commit(&key, outboard).await?;",
+      replace="        let _ = outboard;\n        let outcome = writer.commit(&key, Bytes::new()).await?;",
+      kind="rust",
+      tests=[("stores", "verified_ranges")]),
+]
