@@ -168,6 +168,23 @@ fn curl_puts_gets_ranges_and_conditionals_and_never_sees_a_5xx() {
         (c, json(&b)["error"]["code"].as_str().unwrap()),
         (422, "hash_mismatch")
     );
+    // A large body that is not the key (the streamed path): 422, and
+    // nothing stored under either key.
+    let wrong = blob(1_200_000, 7);
+    std::fs::write(d.join("wrong"), &wrong).unwrap();
+    let (c, b) = curl(&[
+        "-X",
+        "PUT",
+        "--data-binary",
+        &at_file("wrong"),
+        &at(&format!("/blobs/{key}")),
+    ]);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (422, "hash_mismatch")
+    );
+    let stored = curl(&[&at(&format!("/blobs/{}", b3(&wrong)))]).0;
+    assert_eq!(stored, 404, "nothing of it stored");
     let (c, b) = curl(&[
         "-X",
         "POST",

@@ -30,6 +30,9 @@ enum Lie {
     Other(Bytes),
     /// Answers every outboard read from this outboard instead.
     Outboard(Bytes),
+    /// Another blob's bytes and its own outboard: consistent, under the
+    /// wrong key.
+    OtherWithOutboard(Bytes, Bytes),
     /// Fails this many reads, then tells the truth.
     Fail(usize),
 }
@@ -118,13 +121,15 @@ impl LargeBackend for Lying {
                 v.into()
             }
             Lie::Truncate(n) => b.slice(..b.len().saturating_sub(n)),
-            Lie::Other(other) => other.slice(offset as usize..offset as usize + b.len()),
+            Lie::Other(other) | Lie::OtherWithOutboard(other, _) => {
+                other.slice(offset as usize..offset as usize + b.len())
+            }
             _ => b,
         }))
     }
     async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         match self.lie() {
-            Lie::Outboard(ob) => {
+            Lie::Outboard(ob) | Lie::OtherWithOutboard(_, ob) => {
                 let end = (offset + len).min(ob.len() as u64);
                 Ok(Some(ob.slice(offset.min(end) as usize..end as usize)))
             }
@@ -220,8 +225,10 @@ async fn truncated_reads_and_another_blobs_bytes_are_caught() {
     // ...with its own outboard too: nothing verifies under this key, and
     // the fallback (the whole blob) says so.
     let (_, other_ob) = alkblobs::outboard::of(&other);
-    engine.set(Lie::Outboard(Bytes::from(other_ob)));
-    engine.set(Lie::Other(Bytes::from(other)));
+    engine.set(Lie::OtherWithOutboard(
+        Bytes::from(other),
+        Bytes::from(other_ob),
+    ));
     match store.get_range_verified(&key, 300_000, 1000).await {
         Err(Error::CorruptAt { .. } | Error::Corrupt { .. }) => {}
         other => panic!("another blob's bytes passed: {other:?}"),

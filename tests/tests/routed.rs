@@ -126,6 +126,8 @@ enum Lie {
     Truncate(usize),
     Other(Bytes),
     Outboard(Bytes),
+    /// Another blob's bytes with its own outboard: consistent, wrong key.
+    OtherWithOutboard(Bytes, Bytes),
     /// Fails this many requests with a dropped connection, then serves.
     Cut(usize),
 }
@@ -173,7 +175,7 @@ async fn liar_blob(
     }
     let (a, b) = part(&headers, size);
     let mut body = match &lie {
-        Lie::Other(o) => o.slice(a as usize..b as usize).to_vec(),
+        Lie::Other(o) | Lie::OtherWithOutboard(o, _) => o.slice(a as usize..b as usize).to_vec(),
         _ => l.blob.slice(a as usize..b as usize).to_vec(),
     };
     match lie {
@@ -191,7 +193,7 @@ async fn liar_blob(
 
 async fn liar_outboard(State(l): State<Liar>, headers: HeaderMap) -> Response {
     let ob = match l.lie.lock().unwrap().clone() {
-        Lie::Outboard(o) => o,
+        Lie::Outboard(o) | Lie::OtherWithOutboard(_, o) => o,
         _ => l.outboard.clone(),
     };
     let (a, b) = part(&headers, ob.len() as u64);
@@ -283,9 +285,12 @@ async fn a_lying_node_is_caught_at_the_right_offset() {
     // Another blob's bytes with its own outboard: nothing passes.
     let other = data(11, 2_000_000);
     let (_, other_ob) = alkblobs::outboard::of(&other);
-    set(Lie::Outboard(Bytes::from(other_ob)));
-    *l.lie.lock().unwrap() = Lie::Other(Bytes::from(other));
+    set(Lie::OtherWithOutboard(
+        Bytes::from(other),
+        Bytes::from(other_ob),
+    ));
     assert!(e.read_range(&key, 10, 10).await.is_err());
+    assert!(e.read_range(&key, 1_000_000, 100_000).await.is_err());
 
     // A cut transfer fails cleanly (retryable); a retry reads it.
     set(Lie::Cut(1));

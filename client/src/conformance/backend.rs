@@ -373,9 +373,17 @@ pub async fn outboards(e: &Arc<dyn LargeBackend>, caps: Caps) {
         assert_eq!(bytes, n + plain_ob.len() as u64, "{e}: outboard usage");
     }
 
-    // Deleted with its blob; a put of the same bytes brings it back.
+    // Deleted with its blob (its bytes too); a put of the same bytes
+    // brings it back.
     assert!(e.delete(&key).await.unwrap().is_some());
     assert!(read(&key, 0, 64).await.is_none(), "{e}: gone with the blob");
+    if let Some(bytes) = e.outboard_usage().await.unwrap() {
+        assert_eq!(
+            bytes,
+            plain_ob.len() as u64,
+            "{e}: a deleted blob's outboard is gone"
+        );
+    }
     let mut w = e.begin_write().await.unwrap();
     w.write(Bytes::from(value)).await.unwrap();
     w.commit(&key, ob.clone().into()).await.unwrap();
