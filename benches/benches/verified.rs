@@ -9,6 +9,7 @@
 //! - a verified whole read (`Store::open_range_verified` over the whole
 //!   blob, 4 MiB windows checked before they are returned) against today's
 //!   get with re-hash (`Store::get`: read it all, then hash it);
+//! - the same whole read into one buffer (`get_range_verified(0, size)`);
 //! - the same 1 MiB ranges read cold (the blob file's pages dropped from
 //!   the cache before every read, `posix_fadvise(DONTNEED)`), as a range
 //!   of a blob bigger than memory is read;
@@ -194,6 +195,42 @@ fn main() {
     paired(
         "whole 1 GiB, verified",
         "open_range_verified (streamed)",
+        "get (read, then re-hash)",
+        rounds(6),
+        &mut a,
+        &mut b,
+    );
+    // The same, into one buffer as `get` returns it.
+    let mut a = |lat: &mut Lat| {
+        let s = store.clone();
+        on_worker(
+            &rt,
+            lat,
+            vec![move || async move {
+                let got = s
+                    .get_range_verified(&key, 0, BLOB as u64)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(got.len(), BLOB);
+            }],
+        );
+        (1, BLOB as u64)
+    };
+    let mut b = |lat: &mut Lat| {
+        let s = store.clone();
+        on_worker(
+            &rt,
+            lat,
+            vec![move || async move {
+                assert_eq!(s.get(&key).await.unwrap().unwrap().len(), BLOB);
+            }],
+        );
+        (1, BLOB as u64)
+    };
+    paired(
+        "whole 1 GiB, verified, one buffer",
+        "get_range_verified (0, size)",
         "get (read, then re-hash)",
         rounds(6),
         &mut a,
