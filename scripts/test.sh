@@ -63,9 +63,9 @@ scripts/s3-server.sh install > target/garage-install.log 2>&1 &
 garage_install=$!
 scripts/install-extension.sh
 
-step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler), fuse3 (fusermount3, for the power-cut test's lossyfs), curl (scripts/s3-emulator.sh), iproute2 (ip netns and veth pairs: pg_partition's network cut)"
+step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler), fuse3 (fusermount3, for the power-cut test's lossyfs), curl (scripts/s3-emulator.sh; the client of alkblobs serve's tests), openssl (their TLS certificate), iproute2 (ip netns and veth pairs: pg_partition's network cut)"
 tools=()
-for pkg in prometheus-sql-exporter postgresql-15-cron fuse3 curl iproute2; do
+for pkg in prometheus-sql-exporter postgresql-15-cron fuse3 curl openssl iproute2; do
     dpkg -s "$pkg" >/dev/null 2>&1 || tools+=("$pkg")
 done
 if [ ${#tools[@]} -gt 0 ]; then

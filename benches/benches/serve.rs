@@ -66,16 +66,20 @@ fn nginx(root: &std::path::Path, dir: &std::path::Path) -> (Nginx, u16) {
         .into_iter()
         .find(|b| Command::new(b).arg("-v").output().is_ok())
         .expect("nginx is not installed: apt-get install nginx-light");
-    let child = Command::new(bin)
-        .args(["-c", conf.to_str().unwrap(), "-p", dir.to_str().unwrap()])
-        .spawn()
-        .unwrap();
+    // Owned by the guard at once: stopped and waited for on every path.
+    let nginx = Nginx(
+        Command::new(bin)
+            .args(["-c", conf.to_str().unwrap(), "-p", dir.to_str().unwrap()])
+            .spawn()
+            .unwrap(),
+    );
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (Nginx(child), port);
+            return (nginx, port);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    drop(nginx);
     panic!(
         "nginx did not start: {}",
         std::fs::read_to_string(dir.join("nginx.err")).unwrap_or_default()

@@ -199,7 +199,7 @@ fn matches(list: &str, key: &Key) -> bool {
         .any(|t| t == "*" || t == tag || t.strip_prefix("W/") == Some(tag.as_str()))
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: header::HeaderName) -> Option<&'a str> {
+fn header_str(h: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 

@@ -73,8 +73,9 @@ impl Inner {
     /// A window of `key`'s outboard (blocking); see
     /// [`LargeBackend::read_outboard`].
     pub(super) fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        let window = offset..offset.saturating_add(len);
         Ok(self
-            .read_outboard_windows(key, &[offset..offset.saturating_add(len)])?
+            .read_outboard_windows(key, std::slice::from_ref(&window))?
             .map(|mut w| w.remove(0)))
     }
 
