@@ -29,8 +29,12 @@ pub mod routed;
 pub mod s3;
 pub mod sqlite;
 
+// The object generations a fleet's database hands a shared tier's puts:
+// the fleet arbiter (postgres) and the s3 engine share them.
+#[cfg(any(feature = "postgres", feature = "s3"))]
 mod generation;
 mod lockfile;
+#[cfg(any(feature = "postgres", feature = "s3"))]
 pub(crate) use generation::Generations;
 pub(crate) use lockfile::{InstanceLock, Wait};
 
