@@ -28,6 +28,7 @@ pub mod routed;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sqlite;
+pub(crate) mod verified;
 
 // The object generations a fleet's database hands a shared tier's puts:
 // the fleet arbiter (postgres) and the s3 engine share them.

@@ -22,8 +22,8 @@ use futures::TryStreamExt;
 use reqwest::{Method, StatusCode};
 use tokio::io::AsyncWriteExt;
 
+use super::verified::{range_verified, reader_verified};
 use super::{Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite};
-use crate::store::ranged::{range_verified, reader_verified};
 use crate::{Error, Key, Result};
 
 /// Keys one listing request returns.

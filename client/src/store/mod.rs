@@ -32,7 +32,7 @@ pub mod postgres;
 mod presets;
 mod publication;
 mod put;
-pub(crate) mod ranged;
+mod ranged;
 mod read;
 mod types;
 mod usage;
