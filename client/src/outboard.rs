@@ -343,6 +343,57 @@ pub fn check(
     Ok(())
 }
 
+/// Whether `outboard` is the outboard of a blob of `size` bytes under
+/// `key`: its length is the tree's, and every pair merges to what its
+/// parent says, up to the key. The entries of the groups themselves bind
+/// to the key only through the pairs above them, which BLAKE3 makes
+/// unforgeable, so a valid outboard is the blob's (without its bytes).
+pub fn validate(key: &Key, size: u64, outboard: &[u8]) -> bool {
+    if outboard.len() as u64 != outboard_len(size) {
+        return false;
+    }
+    if outboard.is_empty() {
+        return true;
+    }
+    let p = plan(size, 0..size);
+    let mut stack: Vec<ChainingValue> = vec![*key.as_bytes()];
+    let mut nodes = p.nodes.iter();
+    for chunk in p.tree.ranges_pre_order_chunks_iter_ref(&p.ranges, 0) {
+        match chunk {
+            BaoChunk::Parent {
+                node,
+                is_root,
+                left,
+                right,
+                ..
+            } => {
+                let Some((n, o)) = nodes.next() else {
+                    return false;
+                };
+                let Some(pair) = outboard.get(*o as usize..(*o + PAIR) as usize) else {
+                    return false;
+                };
+                let (l, r) = pair.split_at(32);
+                let l: ChainingValue = l.try_into().expect("32 bytes");
+                let r: ChainingValue = r.try_into().expect("32 bytes");
+                if *n != node || stack.pop() != Some(parent(&l, &r, is_root)) {
+                    return false;
+                }
+                if right {
+                    stack.push(r);
+                }
+                if left {
+                    stack.push(l);
+                }
+            }
+            BaoChunk::Leaf { .. } => {
+                stack.pop();
+            }
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +514,27 @@ mod tests {
         let (_, other_ob) = of(&other);
         let read = &other[p.data.start as usize..p.data.end as usize];
         assert!(check(&key, &p, read, pairs(&other_ob)).is_err());
+    }
+
+    #[test]
+    fn an_outboard_validates_against_its_key_alone() {
+        for n in [0usize, 100, 16 * 1024, 16 * 1024 + 1, 40 * 16 * 1024 + 7] {
+            let data = bytes(n, 5);
+            let (key, ob) = of(&data);
+            assert!(validate(&key, n as u64, &ob), "{n}");
+            if ob.is_empty() {
+                continue;
+            }
+            for i in [0, ob.len() / 2, ob.len() - 1] {
+                let mut bad = ob.clone();
+                bad[i] ^= 1;
+                assert!(!validate(&key, n as u64, &bad), "{n}: byte {i}");
+            }
+            assert!(!validate(&key, n as u64, &ob[64..]), "{n}: short");
+            let (other, other_ob) = of(&bytes(n, 6));
+            assert!(!validate(&key, n as u64, &other_ob), "{n}: another blob's");
+            assert!(validate(&other, n as u64, &other_ob));
+        }
     }
 
     #[test]

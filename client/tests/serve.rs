@@ -284,6 +284,29 @@ fn curl_puts_gets_ranges_and_conditionals_and_never_sees_a_5xx() {
     );
     assert_eq!(curl(&["-X", "PATCH", &url]).0, 405);
 
+    // An outboard is stored only if it is the blob's (422 otherwise), and
+    // a forwarded request needs a token even from loopback.
+    let groups = 1_500_000u64.div_ceil(16_384);
+    std::fs::write(d.join("zeros"), vec![0u8; 64 * (groups as usize - 1)]).unwrap();
+    let ob_url = at(&format!("/blobs/{key}/outboard"));
+    let (c, b) = curl(&["-X", "PUT", "--data-binary", &at_file("zeros"), &ob_url]);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (422, "bad_outboard")
+    );
+    let (c, good) = curl(&[&ob_url]);
+    assert_eq!((c, good.len() as u64), (200, 64 * (groups - 1)));
+    std::fs::write(d.join("good-ob"), &good).unwrap();
+    assert_eq!(
+        curl(&["-X", "PUT", "--data-binary", &at_file("good-ob"), &ob_url]).0,
+        204
+    );
+    let (c, b) = curl(&["-H", "X-Forwarded-For: 203.0.113.9", &url]);
+    assert_eq!(
+        (c, json(&b)["error"]["code"].as_str().unwrap()),
+        (403, "loopback_only")
+    );
+
     // Oversized bodies: declared (Content-Length) or streamed (chunked).
     std::fs::write(d.join("huge"), blob(2_100_000, 2)).unwrap();
     let (c, b) = curl(&[
@@ -454,6 +477,22 @@ fn tokens_grant_read_or_write_and_tls_serves_the_same() {
     let (c, b) = put(Some("writer-token-0123456789"));
     assert_eq!(c, 201, "{}", String::from_utf8_lossy(&b));
     let url = format!("{at}/{}", b3(b"over tls"));
+    let o = Command::new("curl")
+        .args([
+            "-sI",
+            "--cacert",
+            &cert,
+            "-H",
+            &bearer("reader-token-0123456789"),
+            &url,
+        ])
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&o.stdout).to_lowercase();
+    assert!(
+        head.contains("cache-control: private"),
+        "a token's reads are not for shared caches: {head}"
+    );
     let (c, b) = curl(&[
         "--cacert",
         &cert,

@@ -208,7 +208,10 @@ BEGIN
         RAISE EXCEPTION 'offset and len must not be negative' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- A blob of one 16 KiB group or less has an empty outboard, stored or not.
+    -- An offset at or past the end (any bigint) is empty, not 22003.
     SELECT CASE WHEN alkblobs.outboard_len(e.size) OPERATOR(pg_catalog.=) 0 THEN ''::bytea
+                WHEN e.outboard IS NULL THEN NULL
+                WHEN $3 OPERATOR(pg_catalog.>=) pg_catalog.octet_length(e.outboard) THEN ''::bytea
                 ELSE pg_catalog.substring(e.outboard, ($3 OPERATOR(pg_catalog.+) 1)::integer, $4) END INTO o
       FROM alkblobs.entries e
      WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo';
@@ -227,11 +230,15 @@ DECLARE
 BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.not_null($3, 'outboard');
-    SELECT e.size INTO n FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo' FOR UPDATE;
+    -- No lock above FOR KEY SHARE but the executor's (10-helpers.sql): the
+    -- size is read unlocked (it never changes), the UPDATE of a non-key
+    -- column takes FOR NO KEY UPDATE, which puts, pins and liveness writes
+    -- do not wait for. A deletion racing it wins: nothing is updated.
+    SELECT e.size INTO n FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo';
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     PERFORM alkblobs.check_outboard($3, n);
-    UPDATE alkblobs.entries e SET outboard = $3 WHERE e.pool = pl.id AND e.key = $2;
-    RETURN true;
+    UPDATE alkblobs.entries e SET outboard = $3 WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo';
+    RETURN FOUND;
 END $$;

@@ -213,7 +213,10 @@ ALTER TABLE alkblobs.sweeps ADD COLUMN reviewed bigint, ADD COLUMN audit text, A
 DROP FUNCTION @extschema@.alkblobs_alter_pool(text, interval, interval, bigint, interval, interval, interval, interval);
 DROP FUNCTION @extschema@.alkblobs_sweep(text, boolean, integer, boolean, integer);
 DROP FUNCTION alkblobs.sweep_core(text, boolean, integer, boolean, integer);
+-- NOT VALID, then VALIDATE: the check scans entries without the exclusive
+-- lock ADD CONSTRAINT would hold for the scan (every row is NULL anyway).
 ALTER TABLE alkblobs.entries ADD COLUMN outboard bytea,
-    ADD CONSTRAINT outboard_of_lo CHECK (outboard IS NULL OR tier = 'lo');
+    ADD CONSTRAINT outboard_of_lo CHECK (outboard IS NULL OR tier = 'lo') NOT VALID;
+ALTER TABLE alkblobs.entries VALIDATE CONSTRAINT outboard_of_lo;
 ALTER TABLE alkblobs.entries ALTER COLUMN outboard SET STORAGE EXTERNAL;
 DROP FUNCTION @extschema@.alkblobs_lo_commit(text, bytea, oid, text);

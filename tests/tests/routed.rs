@@ -130,6 +130,10 @@ enum Lie {
     OtherWithOutboard(Bytes, Bytes),
     /// Fails this many requests with a dropped connection, then serves.
     Cut(usize),
+    /// Sends this many bytes more than asked for.
+    Longer(usize),
+    /// Claims a size far beyond what it holds.
+    Huge,
 }
 
 #[derive(Clone)]
@@ -162,11 +166,14 @@ async fn liar_blob(
     if key != l.key.to_string() {
         return StatusCode::NOT_FOUND.into_response();
     }
-    let size = l.blob.len() as u64;
+    let lie = l.lie.lock().unwrap().clone();
+    let size = match lie {
+        Lie::Huge => 1 << 62,
+        _ => l.blob.len() as u64,
+    };
     if method == axum::http::Method::HEAD {
         return ([(header::CONTENT_LENGTH, size.to_string())], StatusCode::OK).into_response();
     }
-    let lie = l.lie.lock().unwrap().clone();
     if let Lie::Cut(n) = lie
         && n > 0
     {
@@ -174,6 +181,7 @@ async fn liar_blob(
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
     let (a, b) = part(&headers, size);
+    let b = b.min(l.blob.len() as u64);
     let mut body = match &lie {
         Lie::Other(o) | Lie::OtherWithOutboard(o, _) => o.slice(a as usize..b as usize).to_vec(),
         _ => l.blob.slice(a as usize..b as usize).to_vec(),
@@ -181,6 +189,7 @@ async fn liar_blob(
     match lie {
         Lie::Flip(at) if (a..b).contains(&at) => body[(at - a) as usize] ^= 1,
         Lie::Truncate(n) => body.truncate(body.len().saturating_sub(n)),
+        Lie::Longer(n) => body.extend(std::iter::repeat_n(7u8, n)),
         _ => {}
     }
     (
@@ -300,4 +309,24 @@ async fn a_lying_node_is_caught_at_the_right_offset() {
     }
     let got = e.read_range(&key, 0, 10).await.unwrap().unwrap();
     assert!(got == blob[..10]);
+
+    // More bytes than asked for are not read past the window.
+    set(Lie::Longer(5000));
+    assert!(e.read_range(&key, 100, 10).await.is_err());
+    // A claimed size of 2^62 bytes: reads fail as soon as the bytes run
+    // out, allocating by what arrived, never by the claim.
+    set(Lie::Huge);
+    assert_eq!(e.size(&key).await.unwrap(), Some(1 << 62));
+    assert!(e.get(&key).await.is_err());
+    let mut r = e.open_read(&key).await.unwrap().unwrap();
+    let mut sink = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    let failed = loop {
+        match r.read(&mut sink).await {
+            Ok(0) => break false,
+            Ok(k) => n += k as u64,
+            Err(_) => break true,
+        }
+    };
+    assert!(failed && n <= 2_000_000, "read {n} bytes of a claimed 2^62");
 }

@@ -83,6 +83,28 @@ pub struct RoutedBackend {
 /// The storage node's answers as they come, for the verifier to check.
 struct Raw(Arc<Inner>);
 
+/// The most of an error answer's body kept (its message).
+const ERROR_BODY_MAX: usize = 4096;
+
+/// A response's body, failing past `max` bytes (a node sending more than
+/// it was asked for is not read to the end).
+async fn body_capped(inner: &Inner, r: reqwest::Response, max: u64) -> Result<Bytes> {
+    use futures::StreamExt;
+    let mut out = bytes::BytesMut::new();
+    let mut stream = r.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| inner.transport(e))?;
+        if (out.len() + chunk.len()) as u64 > max {
+            return Err(Error::engine(
+                &inner.display,
+                format!("the storage node sent more than the {max} bytes asked for"),
+            ));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out.freeze())
+}
+
 impl Inner {
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.opts.url)
@@ -107,7 +129,10 @@ impl Inner {
     /// JSON error when it sent one.
     async fn unexpected(&self, what: &str, key: Option<&Key>, r: reqwest::Response) -> Error {
         let status = r.status();
-        let body = r.text().await.unwrap_or_default();
+        let body = match body_capped(self, r, u64::MAX).await {
+            Ok(b) => String::from_utf8_lossy(&b[..b.len().min(ERROR_BODY_MAX)]).into_owned(),
+            Err(_) => String::new(),
+        };
         let code = serde_json::from_str::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
@@ -174,15 +199,10 @@ impl Inner {
             .await
             .map_err(|e| self.transport(e))?;
         match r.status() {
-            StatusCode::PARTIAL_CONTENT => {
-                Ok(Some(r.bytes().await.map_err(|e| self.transport(e))?))
-            }
-            // The whole of it (a node may ignore a range): the window.
-            StatusCode::OK => {
-                let all = r.bytes().await.map_err(|e| self.transport(e))?;
-                let r = super::clamp_range(key, all.len() as u64, offset, len)?;
-                Ok(Some(all.slice(r.start as usize..r.end as usize)))
-            }
+            StatusCode::PARTIAL_CONTENT => Ok(Some(body_capped(self, r, len).await?)),
+            // The whole of it for a window from the start (a node may
+            // ignore a range): never read past the window.
+            StatusCode::OK if offset == 0 => Ok(Some(body_capped(self, r, len).await?)),
             StatusCode::NOT_FOUND => Ok(None),
             // At or past the end.
             StatusCode::RANGE_NOT_SATISFIABLE => {
@@ -220,11 +240,20 @@ impl Inner {
             StatusCode::OK => PutOutcome::Existed,
             _ => return Err(self.unexpected("put a blob", Some(key), r).await),
         };
-        let body = r.bytes().await.map_err(|e| self.transport(e))?;
+        let body = body_capped(self, r, 64 << 10).await?;
         let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        if let Some(release) = answer["pin"]["release"].as_str() {
+        // The path is built here from an id of the server's form, never
+        // taken from the answer (a node could aim it, and the token, at
+        // another host).
+        if let Some(id) = answer["pin"]["id"].as_str()
+            && id.len() == 32
+            && id.bytes().all(|b| b.is_ascii_hexdigit())
+        {
             // Best effort: a pin left behind ends with its hold.
-            let _ = self.request(Method::DELETE, release).send().await;
+            let _ = self
+                .request(Method::DELETE, &format!("/pins/{id}"))
+                .send()
+                .await;
         }
         Ok(outcome)
     }
@@ -235,7 +264,12 @@ impl RoutedBackend {
     /// answers (and accepts the token for reads).
     pub async fn open(opts: RoutedOptions) -> Result<RoutedBackend> {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut b = reqwest::Client::builder();
+        // Bounded waits (a stalled node fails the call: retryable), and
+        // no redirects (the token goes to the node named, nowhere else).
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .read_timeout(std::time::Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none());
         if let Some(ca) = &opts.ca_file {
             let pem = std::fs::read(ca).map_err(|source| Error::Input {
                 what: ca.display().to_string(),
@@ -322,7 +356,7 @@ impl Backend for RoutedBackend {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
-        range_verified(&self.raw, key, 0, u64::MAX).await
+        range_verified(&self.raw, key, 0, u64::MAX, true).await
     }
 
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
@@ -353,16 +387,36 @@ impl Backend for RoutedBackend {
                     if r.status() != StatusCode::OK {
                         return Err(inner.unexpected("list blobs", None, r).await);
                     }
-                    let body = r.bytes().await.map_err(|e| inner.transport(e))?;
+                    let body = body_capped(&inner, r, (LIST_PAGE as u64 + 1) * 70).await?;
                     let hex: Vec<String> = serde_json::from_slice(&body).map_err(|e| {
                         Error::engine(
                             &inner.display,
                             format!("the node's listing is not keys: {e}"),
                         )
                     })?;
-                    hex.iter()
+                    let keys = hex
+                        .iter()
                         .map(|h| h.parse::<Key>().map_err(Error::from))
-                        .collect::<Result<Vec<Key>>>()
+                        .collect::<Result<Vec<Key>>>()?;
+                    // Strictly ascending after the cursor, at most a page:
+                    // a node repeating a page cannot make the listing loop.
+                    let mut last = after;
+                    for k in &keys {
+                        if last.is_some_and(|l| *k <= l) {
+                            return Err(Error::engine(
+                                &inner.display,
+                                format!("the node listed {k} out of order"),
+                            ));
+                        }
+                        last = Some(*k);
+                    }
+                    if keys.len() > LIST_PAGE {
+                        return Err(Error::engine(
+                            &inner.display,
+                            "the node sent more than a page",
+                        ));
+                    }
+                    Ok(keys)
                 }
             },
         )
@@ -393,7 +447,7 @@ impl LargeBackend for RoutedBackend {
     }
 
     async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
-        range_verified(&self.raw, key, offset, len).await
+        range_verified(&self.raw, key, offset, len, true).await
     }
 
     async fn delete_through(&self, _key: &Key, _through: u64) -> Result<Option<u64>> {

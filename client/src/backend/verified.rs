@@ -138,7 +138,8 @@ impl Verifier {
     async fn computed_outboard(&self) -> Result<Bytes> {
         self.computed
             .get_or_try_init(|| async {
-                let (key, ob, n) = outboard_of_stream(self.large.as_ref(), &self.key).await?;
+                let (key, ob, n) =
+                    outboard_of_stream(self.large.as_ref(), &self.key, self.size).await?;
                 if key != self.key || n != self.size {
                     return Err(Error::Corrupt {
                         key: self.key,
@@ -171,12 +172,19 @@ async fn stored_windows(
 
 /// Streams a large blob through the outboard builder: its key, outboard and
 /// length (hashing off the async workers).
-async fn outboard_of_stream(large: &dyn LargeBackend, key: &Key) -> Result<(Key, Vec<u8>, u64)> {
+/// At most `size + 1` bytes are read: an engine that sends more (a lying
+/// node streaming forever) is cut off there and fails the key check.
+async fn outboard_of_stream(
+    large: &dyn LargeBackend,
+    key: &Key,
+    size: u64,
+) -> Result<(Key, Vec<u8>, u64)> {
     let mut reader = large
         .open_read(key)
         .await?
         .ok_or(Error::NotFound { key: *key })?;
     let mut builder = outboard::Builder::new();
+    let mut reader = (&mut reader).take(size.saturating_add(1));
     loop {
         let mut buf = Vec::with_capacity(CHUNK);
         let n = (&mut reader)
@@ -244,13 +252,16 @@ async fn verifier(large: &Arc<dyn LargeBackend>, key: &Key) -> Result<Option<Ver
 }
 
 /// Up to `len` bytes of `key` from `offset` on `large`, checked against
-/// the key through its outboard (see `Store::get_range_verified`): for
-/// engines that verify what they receive (`routed`).
+/// the key through its outboard (see `Store::get_range_verified`). With
+/// `windowed` (an engine whose claimed size is not to be trusted with an
+/// allocation: `routed`), read and checked 4 MiB at a time; else in one
+/// read, one check.
 pub(crate) async fn range_verified(
     large: &Arc<dyn LargeBackend>,
     key: &Key,
     offset: u64,
     len: u64,
+    windowed: bool,
 ) -> Result<Option<Bytes>> {
     let Some(v) = verifier(large, key).await? else {
         return Ok(None);
@@ -259,7 +270,19 @@ pub(crate) async fn range_verified(
     if r.is_empty() {
         return Ok(Some(Bytes::new()));
     }
-    v.window(r).await.map(Some)
+    if !windowed || r.end - r.start <= WINDOW {
+        return v.window(r).await.map(Some);
+    }
+    // Window by window, so memory follows the bytes that arrived and
+    // checked, not a size the engine claims.
+    let mut out = bytes::BytesMut::new();
+    let mut at = r.start;
+    while at < r.end {
+        let next = ((at / WINDOW + 1) * WINDOW).min(r.end);
+        out.extend_from_slice(&v.window(at..next).await?);
+        at = next;
+    }
+    Ok(Some(out.freeze()))
 }
 
 /// A reader yielding only verified bytes of `key` on `large` (see
@@ -276,15 +299,15 @@ pub(crate) async fn reader_verified(
     let r = clamp_range(key, verifier.size, offset, len)?;
     let verifier = Arc::new(verifier);
     // Window edges on chunk-group multiples of WINDOW, so every window
-    // but the first and last is whole.
-    let mut edges = Vec::new();
-    let mut at = r.start;
-    while at < r.end {
-        let next = ((at / WINDOW + 1) * WINDOW).min(r.end);
-        edges.push(at..next);
-        at = next;
-    }
-    let stream = futures::stream::iter(edges)
+    // but the first and last is whole; made as they are read (a size
+    // claimed by a lying engine allocates nothing).
+    let edges = futures::stream::unfold(r.start, move |at| async move {
+        (at < r.end).then(|| {
+            let next = ((at / WINDOW + 1) * WINDOW).min(r.end);
+            (at..next, next)
+        })
+    });
+    let stream = edges
         .map(move |w| {
             let v = verifier.clone();
             async move { v.window(w).await }

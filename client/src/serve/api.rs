@@ -85,7 +85,13 @@ impl From<Error> for ApiError {
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status.is_server_error() {
+            // The detail (paths, database text) goes to the log only.
             tracing::warn!(error = %e, code, "request failed");
+            return ApiError::new(
+                status,
+                code,
+                "the server could not answer; its log has the detail",
+            );
         }
         ApiError::new(status, code, e.to_string())
     }
@@ -148,13 +154,18 @@ async fn access_log(req: Request, next: Next) -> Response {
 /// configured, a loopback client.
 fn authorize(s: &State, headers: &HeaderMap, peer: SocketAddr, need: Grant) -> ApiResult<()> {
     if s.tokens.is_empty() {
-        if peer.ip().is_loopback() {
+        // A reverse proxy on this host makes every client look like
+        // loopback: a forwarded request needs a token.
+        let forwarded = ["forwarded", "x-forwarded-for", "via"]
+            .iter()
+            .any(|h| headers.contains_key(*h));
+        if peer.ip().is_loopback() && !forwarded {
             return Ok(());
         }
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "loopback_only",
-            "this server has no tokens (--token-file) and serves loopback clients only",
+            "this server has no tokens (--token-file) and serves loopback clients only, not forwarded requests",
         ));
     }
     let token = headers
@@ -217,9 +228,15 @@ async fn get_blob(
     let mut out = HeaderMap::new();
     out.insert(header::ETAG, etag(&key));
     out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    // Immutable either way; shared caches may keep it only when nobody
+    // needs a token to read it.
     out.insert(
         header::CACHE_CONTROL,
-        HeaderValue::from_static("public, max-age=31536000, immutable"),
+        HeaderValue::from_static(if s.tokens.is_empty() {
+            "public, max-age=31536000, immutable"
+        } else {
+            "private, max-age=31536000, immutable"
+        }),
     );
     if let Some(m) = header_str(&headers, header::IF_MATCH)
         && !matches(m, &key)
@@ -511,8 +528,9 @@ async fn put_outboard(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(key): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult {
+    // Authorized before a byte of the body is read.
     authorize(&s, &headers, peer, Grant::Write)?;
     let key = parse_key(&key)?;
     let absent = || {
@@ -524,18 +542,37 @@ async fn put_outboard(
     };
     let large = s.store.large().ok_or_else(absent)?;
     let size = large.size(&key).await?.ok_or_else(absent)?;
-    if body.len() as u64 != outboard::outboard_len(size) {
+    let want = outboard::outboard_len(size);
+    // Read through the idle cut-off, at most the outboard's own length.
+    let mut body_bytes = Vec::new();
+    {
+        use tokio::io::AsyncReadExt;
+        body_reader(body, want, s.idle)
+            .read_to_end(&mut body_bytes)
+            .await
+            .map_err(|source| Error::Input {
+                what: "the request body".into(),
+                source,
+            })?;
+    }
+    // Checked against the key before it is stored: a wrong outboard would
+    // send every ranged read of the blob down the whole-blob path.
+    let checked = {
+        let b = std::mem::take(&mut body_bytes);
+        tokio::task::spawn_blocking(move || (outboard::validate(&key, size, &b), b))
+            .await
+            .map_err(|e| Error::engine("blake3", format!("a checking task failed: {e}")))?
+    };
+    if !checked.0 {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "bad_outboard",
             format!(
-                "an outboard of {} bytes, but blob {key} of {size} bytes has one of {}",
-                body.len(),
-                outboard::outboard_len(size)
+                "not the outboard of blob {key} ({size} bytes, whose outboard has {want}): its pairs do not merge to the key"
             ),
         ));
     }
-    if large.put_outboard(&key, body).await? {
+    if large.put_outboard(&key, Bytes::from(checked.1)).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(absent())

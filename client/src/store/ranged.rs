@@ -43,7 +43,7 @@ impl Store {
                 return self.kv_range_verified(key, v, offset, len).await.map(Some);
             }
             match self.large() {
-                Some(large) => range_verified(large, key, offset, len).await,
+                Some(large) => range_verified(large, key, offset, len, false).await,
                 None => Ok(None),
             }
         }

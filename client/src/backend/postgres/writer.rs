@@ -14,6 +14,10 @@ use crate::pg::db_err;
 use crate::pg::{InTx, finish};
 use crate::{Error, Key, Result};
 
+/// The largest outboard stored in an entry (256 MiB: a 64 GiB blob's, the
+/// pool's default `max_object_bytes`); a bytea holds at most 1 GiB.
+const MAX_OUTBOARD: usize = 256 << 20;
+
 /// An upload in progress: one transaction on one connection, the bytes
 /// written to the extension's upload in windows. Dropped without a commit,
 /// the connection is closed (not returned to the pool), which rolls the
@@ -102,9 +106,12 @@ impl StagedWrite for PgLoWrite<'_> {
                     (&k, Type::BYTEA),
                     (&self.loid, Type::OID),
                     (&owner, Type::TEXT),
-                    // None: an engine-level put's (it has none).
+                    // None: an engine-level put's (it has none), or one
+                    // too big for one bytea parameter (a blob over 64 GiB:
+                    // its ranges verify by the whole blob).
                     (
-                        &(!outboard.is_empty()).then_some(outboard.as_ref()),
+                        &(!outboard.is_empty() && outboard.len() <= MAX_OUTBOARD)
+                            .then_some(outboard.as_ref()),
                         Type::BYTEA,
                     ),
                 ],
