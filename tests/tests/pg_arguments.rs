@@ -507,3 +507,69 @@ async fn outboards_are_length_checked_and_read_by_window() {
         assert_eq!(got, Err(want.to_owned()), "{sql}");
     }
 }
+
+/// An outboard repair racing the sweep that deletes its entry, with the
+/// repairing session at every isolation level: it stores nothing (false,
+/// or at REPEATABLE READ and SERIALIZABLE a retryable 40001 when its
+/// snapshot still saw the entry) and never brings the entry back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outboard_repair_racing_its_entrys_deletion_never_revives_it() {
+    for level in ["read committed", "repeatable read", "serializable"] {
+        let c = connect().await;
+        let r = connect().await;
+        let pool = pool(&c, "ob-race", "0 seconds", "60 seconds").await;
+        let value: Vec<u8> = (0..40_000u32)
+            .map(|i| (i % 251) as u8 ^ level.len() as u8)
+            .collect();
+        let (k, ob) = alkblobs::outboard::of(&value);
+        let k = k.as_bytes().to_vec();
+        c.batch_execute("BEGIN").await.unwrap();
+        let oid: u32 = lo_create(&c, &pool).await;
+        c.execute("SELECT alkblobs_lo_write($1, 0, $2)", &[&oid, &value])
+            .await
+            .unwrap();
+        c.execute(
+            "SELECT alkblobs_lo_commit($1, $2, $3, 'w', $4)",
+            &[&pool, &k, &oid, &ob],
+        )
+        .await
+        .unwrap();
+        c.batch_execute("COMMIT").await.unwrap();
+        c.query_one("SELECT alkblobs_unpin_all($1, 'w')", &[&pool])
+            .await
+            .unwrap();
+        // The repairing session's snapshot sees the entry...
+        r.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        assert!(exists(&r, &pool, &k).await);
+        // ...which a sweep then deletes.
+        for _ in 0..5 {
+            if !exists(&c, &pool, &k).await {
+                break;
+            }
+            try_sweep(&c, &pool).await.unwrap();
+        }
+        assert!(
+            !exists(&c, &pool, &k).await,
+            "{level}: the sweep deleted it"
+        );
+        let got = r
+            .query_one(
+                "SELECT alkblobs_lo_put_outboard($1, $2, $3)",
+                &[&pool, &k, &ob],
+            )
+            .await
+            .map(|x| x.get::<_, bool>(0))
+            .map_err(|e| sqlstate(&e));
+        match &got {
+            Ok(false) => {}
+            Err(s) if level != "read committed" && s == "40001" => {}
+            other => panic!("{level}: a repair of a deleted entry answered {other:?}"),
+        }
+        r.batch_execute(if got.is_ok() { "COMMIT" } else { "ROLLBACK" })
+            .await
+            .unwrap();
+        assert!(!exists(&c, &pool, &k).await, "{level}: the entry came back");
+    }
+}
