@@ -35,8 +35,8 @@ MUTATIONS = [
     M(id="serve-put-unverified",
       what="a streamed PUT /blobs/{key} publishes bytes that are not the key",
       file="client/src/store/put.rs",
-      find="            if let Some(expected) = expected\n                && expected != key\n            {\n                let _ = writer.abort().await;",
-      replace="            if let Some(expected) = expected\n                && expected != key && false\n            {\n                let _ = writer.abort().await;",
+      find="        if let Some(expected) = expected\n            && expected != key\n        {\n            let _ = writer.abort().await;",
+      replace="        if let Some(expected) = expected\n            && expected != key && false\n        {\n            let _ = writer.abort().await;",
       kind="rust",
       tests=["curl_puts_gets_ranges_and_conditionals_and_never_sees_a_5xx"]),
     # Tokens: a read token must not write.

@@ -271,14 +271,21 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
     let make = app.into_make_service_with_connect_info::<SocketAddr>();
     let listen = opts.listen;
     let idle = opts.idle_timeout;
+    // Headers that do not arrive within the idle cut-off end the connection.
+    fn with_timeouts<A>(
+        mut server: axum_server::Server<A>,
+        idle: Duration,
+    ) -> axum_server::Server<A> {
+        server
+            .http_builder()
+            .http1()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(idle);
+        server
+    }
     let task = match &opts.tls {
         None => {
-            let mut server = axum_server::bind(listen).handle(handle.clone());
-            server
-                .http_builder()
-                .http1()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(idle);
+            let server = with_timeouts(axum_server::bind(listen).handle(handle.clone()), idle);
             tokio::spawn(server.serve(make))
         }
         Some((cert, key)) => {
@@ -292,12 +299,10 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
                         key.display()
                     ))
                 })?;
-            let mut server = axum_server::bind_rustls(listen, config).handle(handle.clone());
-            server
-                .http_builder()
-                .http1()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(idle);
+            let server = with_timeouts(
+                axum_server::bind_rustls(listen, config).handle(handle.clone()),
+                idle,
+            );
             tokio::spawn(server.serve(make))
         }
     };

@@ -131,6 +131,22 @@ impl Store {
             Ok(done) => done,
             Err(_) => outboard::of(&bytes),
         };
+        self.publish_staged(writer, key, expected, size, ob.into())
+            .await
+    }
+
+    /// The end of every large-tier put: bytes that are not the `expected`
+    /// key are discarded ([`Error::HashMismatch`]); else pin before
+    /// publish, commit the staged bytes with their outboard, restart the
+    /// key's window.
+    async fn publish_staged(
+        &self,
+        writer: Box<dyn StagedWrite + '_>,
+        key: Key,
+        expected: Option<Key>,
+        size: u64,
+        outboard: Bytes,
+    ) -> Result<Put> {
         if let Some(expected) = expected
             && expected != key
         {
@@ -140,18 +156,6 @@ impl Store {
                 actual: key,
             });
         }
-        self.publish_staged(writer, key, size, ob.into()).await
-    }
-
-    /// The end of every large-tier put: pin before publish, commit the
-    /// staged bytes with their outboard, restart the key's window.
-    async fn publish_staged(
-        &self,
-        writer: Box<dyn StagedWrite + '_>,
-        key: Key,
-        size: u64,
-        outboard: Bytes,
-    ) -> Result<Put> {
         let publication = match self.begin_publication(Tier::Large, vec![key]).await {
             Ok(p) => p,
             Err(e) => {
@@ -365,17 +369,9 @@ impl Store {
                 return Err(e);
             }
             let (key, ob) = hasher.finish();
-            if let Some(expected) = expected
-                && expected != key
-            {
-                let _ = writer.abort().await;
-                return Err(Error::HashMismatch {
-                    expected,
-                    actual: key,
-                });
-            }
             let size = writer.written();
-            self.publish_staged(writer, key, size, ob.into()).await
+            self.publish_staged(writer, key, expected, size, ob.into())
+                .await
         }
         .instrument(span)
         .await
