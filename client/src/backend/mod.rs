@@ -336,21 +336,20 @@ pub trait LargeBackend: Backend {
     /// [`LargeBackend::read_outboard`]; `None` when the blob has no
     /// outboard. A verified range needs a dozen scattered windows (its
     /// groups' parents and their path to the root): an engine answers them
-    /// with one open, query or batch of requests. The default reads them
-    /// one by one.
+    /// with one open, query or batch of requests. The default asks for them
+    /// all at once (a network engine's round trips overlap).
     async fn read_outboard_windows(
         &self,
         key: &Key,
         windows: &[std::ops::Range<u64>],
     ) -> Result<Option<Vec<Bytes>>> {
-        let mut out = Vec::with_capacity(windows.len());
-        for w in windows {
-            match self.read_outboard(key, w.start, w.end - w.start).await? {
-                Some(b) => out.push(b),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(out))
+        let got = futures::future::try_join_all(
+            windows
+                .iter()
+                .map(|w| self.read_outboard(key, w.start, w.end - w.start)),
+        )
+        .await?;
+        Ok(got.into_iter().collect())
     }
 
     /// Stores `outboard` as the outboard of the present blob `key`,

@@ -538,20 +538,6 @@ impl LargeBackend for Raw {
     async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.0.window(key, "/outboard", offset, len).await
     }
-    async fn read_outboard_windows(
-        &self,
-        key: &Key,
-        windows: &[std::ops::Range<u64>],
-    ) -> Result<Option<Vec<Bytes>>> {
-        // Every window at once: one round trip's latency.
-        let got = futures::future::try_join_all(
-            windows
-                .iter()
-                .map(|w| self.0.window(key, "/outboard", w.start, w.end - w.start)),
-        )
-        .await?;
-        Ok(got.into_iter().collect())
-    }
     async fn put_outboard(&self, _key: &Key, _outboard: Bytes) -> Result<bool> {
         Err(Error::engine(
             &self.0.display,

@@ -795,21 +795,6 @@ impl LargeBackend for S3Backend {
             .await
     }
 
-    async fn read_outboard_windows(
-        &self,
-        key: &Key,
-        windows: &[std::ops::Range<u64>],
-    ) -> Result<Option<Vec<Bytes>>> {
-        // Every window at once: one round trip's latency, not a dozen.
-        let got = futures::future::try_join_all(
-            windows
-                .iter()
-                .map(|w| self.read_outboard(key, w.start, w.end - w.start)),
-        )
-        .await?;
-        Ok(got.into_iter().collect())
-    }
-
     async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool> {
         self.inner.check_writable("put an outboard")?;
         if self.size(key).await?.is_none() {
