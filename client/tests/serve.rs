@@ -94,16 +94,20 @@ fn wait_timeout(child: &mut Child, d: Duration) -> Option<std::process::ExitStat
 /// newline; (status, body).
 fn curl(args: &[&str]) -> (u16, Vec<u8>) {
     let o: Output = Command::new("curl")
-        .args(["-s", "--max-time", "30", "-w", "\n%{http_code}"])
+        .args(["-sS", "--max-time", "30", "-w", "\n%{http_code}"])
         .args(args)
         .output()
         .expect("run curl");
-    let out = o.stdout;
+    let out = o.stdout.clone();
     let nl = out.iter().rposition(|b| *b == b'\n').expect("status line");
     let code: u16 = String::from_utf8_lossy(&out[nl + 1..])
         .trim()
         .parse()
         .unwrap_or(0);
+    if code == 0 {
+        // curl could not reach the server: say why.
+        eprintln!("curl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
     (code, out[..nl].to_vec())
 }
 

@@ -299,6 +299,12 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
                         key.display()
                     ))
                 })?;
+            // HTTP/1.1 only, as over plain TCP: the router is built for it
+            // (an early answer to an unread upload, a 401 say, is a stream
+            // error under HTTP/2's flow control, not an answer).
+            let mut tls = (*config.get_inner()).clone();
+            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+            config.reload_from_config(Arc::new(tls));
             let server = with_timeouts(
                 axum_server::bind_rustls(listen, config).handle(handle.clone()),
                 idle,
