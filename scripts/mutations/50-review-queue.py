@@ -151,4 +151,20 @@ MUTATIONS = [
       replace="tier_listing_due = NULL",
       kind="ext",
       tests=["a_queue_pools_shared_tier_is_listed_after_audits_only"]),
+    # A batch's bound under any plan: the picked rows are materialized, or
+    # a rescanning semi-join deletes past max_keys.
+    M(id="route-batch-rescanned",
+      what="the routing batch's rows are picked in a semi-join the planner may rescan (the pre-fix form)",
+      file="sql/api/85-review.sql",
+      find="        WITH pick AS MATERIALIZED (\n            SELECT x.relid, x.id FROM alkblobs.released x\n             WHERE x.relid = rel\n             ORDER BY x.relid, x.id LIMIT budget FOR UPDATE SKIP LOCKED),\n        taken AS (\n            DELETE FROM alkblobs.released r USING pick\n             WHERE r.relid = pick.relid AND r.id = pick.id\n",
+      replace="        WITH taken AS (\n            DELETE FROM alkblobs.released r\n             WHERE (r.relid, r.id) IN (\n                   SELECT x.relid, x.id FROM alkblobs.released x\n                    WHERE x.relid = rel\n                    ORDER BY x.relid, x.id LIMIT budget FOR UPDATE SKIP LOCKED)\n",
+      kind="ext",
+      tests=["batches_hold_their_bound_under_a_rescanning_plan"]),
+    M(id="reap-batch-rescanned",
+      what="the expired pins a sweep reaps are picked in a semi-join the planner may rescan (the pre-fix form)",
+      file="sql/api/90-sweep.sql",
+      find="        WITH pick AS MATERIALIZED (\n            SELECT x.pool, x.key, x.role, x.owner FROM alkblobs.pins x\n             WHERE x.pool = pl.id AND x.expires_at <= clock_timestamp()\n             LIMIT v_keys FOR UPDATE SKIP LOCKED)\n        DELETE FROM alkblobs.pins pn USING pick\n         WHERE pn.pool = pick.pool AND pn.key = pick.key AND pn.role = pick.role AND pn.owner = pick.owner;",
+      replace="        DELETE FROM alkblobs.pins pn\n         WHERE (pn.pool, pn.key, pn.role, pn.owner) IN (\n               SELECT x.pool, x.key, x.role, x.owner FROM alkblobs.pins x\n                WHERE x.pool = pl.id AND x.expires_at <= clock_timestamp()\n                LIMIT v_keys FOR UPDATE SKIP LOCKED);",
+      kind="ext",
+      tests=["batches_hold_their_bound_under_a_rescanning_plan"]),
 ]

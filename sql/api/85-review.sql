@@ -98,12 +98,17 @@ BEGIN
           FROM alkblobs.liveness l JOIN alkblobs.pools pl ON pl.id = l.pool
          WHERE (l.relid = rel OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(rel) a))
            AND pl.collector = 'queue' AND pl.mode = 'fleet';
-        WITH taken AS (
-            DELETE FROM alkblobs.released r
-             WHERE (r.relid, r.id) IN (
-                   SELECT x.relid, x.id FROM alkblobs.released x
-                    WHERE x.relid = rel
-                    ORDER BY x.relid, x.id LIMIT budget FOR UPDATE SKIP LOCKED)
+        -- The rows are picked once (MATERIALIZED): a semi-join the
+        -- planner may rescan per outer row would pass over the rows this
+        -- statement has deleted (locked by this command: skipped) and
+        -- take the next ones, past the LIMIT.
+        WITH pick AS MATERIALIZED (
+            SELECT x.relid, x.id FROM alkblobs.released x
+             WHERE x.relid = rel
+             ORDER BY x.relid, x.id LIMIT budget FOR UPDATE SKIP LOCKED),
+        taken AS (
+            DELETE FROM alkblobs.released r USING pick
+             WHERE r.relid = pick.relid AND r.id = pick.id
             RETURNING r.key, r.released_at),
         routed AS (
             INSERT INTO alkblobs.review_queue (pool, key, queued_at)
@@ -121,11 +126,12 @@ BEGIN
         SELECT 1 FROM alkblobs.liveness l
          WHERE l.relid = o.relid OR l.relid IN (SELECT a.relid FROM pg_catalog.pg_partition_ancestors(o.relid) a));
     IF orphans IS NOT NULL THEN
-        DELETE FROM alkblobs.released r
-         WHERE (r.relid, r.id) IN (
-               SELECT x.relid, x.id FROM alkblobs.released x
-                WHERE x.relid::oid = ANY (orphans)
-                ORDER BY x.relid, x.id LIMIT max_rows FOR UPDATE SKIP LOCKED);
+        WITH pick AS MATERIALIZED (
+            SELECT x.relid, x.id FROM alkblobs.released x
+             WHERE x.relid::oid = ANY (orphans)
+             ORDER BY x.relid, x.id LIMIT max_rows FOR UPDATE SKIP LOCKED)
+        DELETE FROM alkblobs.released r USING pick
+         WHERE r.relid = pick.relid AND r.id = pick.id;
     END IF;
     RETURN max_rows - budget;
 END $$;

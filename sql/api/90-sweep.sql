@@ -124,17 +124,23 @@ BEGIN
         SELECT count(*) INTO pins_reaped FROM alkblobs.pins pn
          WHERE pn.pool = pl.id AND pn.expires_at <= clock_timestamp();
     ELSE
-        DELETE FROM alkblobs.pins pn
-         WHERE (pn.pool, pn.key, pn.role, pn.owner) IN (
-               SELECT x.pool, x.key, x.role, x.owner FROM alkblobs.pins x
-                WHERE x.pool = pl.id AND x.expires_at <= clock_timestamp()
-                LIMIT v_keys FOR UPDATE SKIP LOCKED);
+        -- Each batch below is picked once (MATERIALIZED): a semi-join the
+        -- planner may rescan per outer row would pass over the rows this
+        -- statement has deleted (locked by this command: skipped) and
+        -- take the next ones, past the LIMIT.
+        WITH pick AS MATERIALIZED (
+            SELECT x.pool, x.key, x.role, x.owner FROM alkblobs.pins x
+             WHERE x.pool = pl.id AND x.expires_at <= clock_timestamp()
+             LIMIT v_keys FOR UPDATE SKIP LOCKED)
+        DELETE FROM alkblobs.pins pn USING pick
+         WHERE pn.pool = pick.pool AND pn.key = pick.key AND pn.role = pick.role AND pn.owner = pick.owner;
         GET DIAGNOSTICS pins_reaped = ROW_COUNT;
         -- Abandoned uploads: their transaction ended without lo_commit.
-        FOR r IN DELETE FROM alkblobs.uploads u WHERE u.loid IN (
+        FOR r IN WITH pick AS MATERIALIZED (
                      SELECT x.loid FROM alkblobs.uploads x
                       WHERE x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)
                       ORDER BY x.loid LIMIT v_max FOR UPDATE SKIP LOCKED)
+                 DELETE FROM alkblobs.uploads u USING pick WHERE u.loid = pick.loid
                  RETURNING u.loid LOOP
             uploads_reaped := uploads_reaped + 1;
             IF EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = r.loid) THEN
@@ -393,10 +399,11 @@ BEGIN
             ON CONFLICT (pool) DO UPDATE SET last_completed = excluded.last_completed;
         END IF;
     END IF;
-    DELETE FROM alkblobs.sweeps s WHERE s.id IN (
+    WITH pick AS MATERIALIZED (
         SELECT x.id FROM alkblobs.sweeps x
          WHERE x.pool = p AND x.started < clock_timestamp() - keep
-         ORDER BY x.started LIMIT 1000 FOR UPDATE SKIP LOCKED);
+         ORDER BY x.started LIMIT 1000 FOR UPDATE SKIP LOCKED)
+    DELETE FROM alkblobs.sweeps s USING pick WHERE s.id = pick.id;
 END $$;
 
 -- One bounded sweep call (alkblobs.sweep_core, above), recorded in the
