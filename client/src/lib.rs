@@ -34,6 +34,7 @@
 
 pub mod arbiter;
 pub mod backend;
+pub mod bao;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;

@@ -137,21 +137,28 @@ impl Verifier {
     /// and checked against the key.
     async fn computed_outboard(&self) -> Result<Bytes> {
         self.computed
-            .get_or_try_init(|| async {
-                let (key, ob, n) =
-                    outboard_of_stream(self.large.as_ref(), &self.key, self.size).await?;
-                if key != self.key || n != self.size {
-                    return Err(Error::Corrupt {
-                        key: self.key,
-                        engine: self.large.to_string(),
-                        detail: format!("its {n} bytes hash to {key}"),
-                    });
-                }
-                Ok(Bytes::from(ob))
-            })
+            .get_or_try_init(|| computed_outboard(self.large.as_ref(), &self.key, self.size))
             .await
             .cloned()
     }
+}
+
+/// The outboard of the whole blob `key` (`size` bytes) on `large`,
+/// streamed through the builder once and checked against the key.
+pub(crate) async fn computed_outboard(
+    large: &dyn LargeBackend,
+    key: &Key,
+    size: u64,
+) -> Result<Bytes> {
+    let (k, ob, n) = outboard_of_stream(large, key, size).await?;
+    if k != *key || n != size {
+        return Err(Error::Corrupt {
+            key: *key,
+            engine: large.to_string(),
+            detail: format!("its {n} bytes hash to {k}"),
+        });
+    }
+    Ok(Bytes::from(ob))
 }
 
 /// The stored outboard's `want` windows, with their offsets: `None` when

@@ -122,6 +122,7 @@ pub(super) fn router(state: Shared, max_concurrency: usize) -> Router {
                 .put(put_outboard)
                 .layer(axum::extract::DefaultBodyLimit::max(256 << 20)),
         )
+        .route("/blobs/{key}/bao", get(get_bao))
         .route("/pins/{id}", delete(delete_pin))
         .fallback(|| async {
             ApiError::new(
@@ -214,6 +215,16 @@ fn header_str(h: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// A blob's answers are immutable either way; shared caches may keep them
+/// only when nobody needs a token to read them.
+fn cache_control(s: &State) -> HeaderValue {
+    HeaderValue::from_static(if s.tokens.is_empty() {
+        "public, max-age=31536000, immutable"
+    } else {
+        "private, max-age=31536000, immutable"
+    })
+}
+
 async fn get_blob(
     Extract(s): Extract<Shared>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -228,16 +239,7 @@ async fn get_blob(
     let mut out = HeaderMap::new();
     out.insert(header::ETAG, etag(&key));
     out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    // Immutable either way; shared caches may keep it only when nobody
-    // needs a token to read it.
-    out.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static(if s.tokens.is_empty() {
-            "public, max-age=31536000, immutable"
-        } else {
-            "private, max-age=31536000, immutable"
-        }),
-    );
+    out.insert(header::CACHE_CONTROL, cache_control(&s));
     if let Some(m) = header_str(&headers, header::IF_MATCH)
         && !matches(m, &key)
     {
@@ -297,6 +299,62 @@ async fn get_blob(
         256 << 10,
     ));
     Ok((status, out, body).into_response())
+}
+
+/// `GET /blobs/{key}/bao?range=START-END`: the range (END inclusive;
+/// `START-` and `-N` too; the whole blob without `range`) in BLAKE3's tree
+/// encoding, which a client verifies as it reads ([`crate::bao`]). The
+/// blob's size and the range encoded are in headers (`Alkblobs-Size`,
+/// `Alkblobs-Range: bytes START-END/SIZE`): the decoder needs them.
+async fn get_bao(
+    Extract(s): Extract<Shared>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(key): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> ApiResult {
+    authorize(&s, &headers, peer, Grant::Read)?;
+    let key = parse_key(&key)?;
+    let meta = s.store.stat(&key).await?.ok_or(Error::NotFound { key })?;
+    let size = meta.size;
+    let range = match q.get("range") {
+        None => 0..size,
+        Some(r) => match wanted(Some(&format!("bytes={r}")), size) {
+            Wanted::Part(o, l) => o..o + l,
+            Wanted::Unsatisfiable => {
+                return Err(ApiError::new(
+                    StatusCode::RANGE_NOT_SATISFIABLE,
+                    "range_not_satisfiable",
+                    format!("blob {key} has {size} bytes"),
+                ));
+            }
+            Wanted::Whole => {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_range",
+                    "range must be START-END (END inclusive), START- or -N",
+                ));
+            }
+        },
+    };
+    let enc = crate::bao::encode(&s.store, &key, range)
+        .await?
+        .ok_or(Error::NotFound { key })?;
+    let mut out = HeaderMap::new();
+    out.insert(header::ETAG, etag(&key));
+    out.insert(header::CACHE_CONTROL, cache_control(&s));
+    out.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::bao::MEDIA_TYPE),
+    );
+    out.insert("alkblobs-size", HeaderValue::from(size));
+    let r = if enc.range.is_empty() {
+        format!("bytes */{size}")
+    } else {
+        format!("bytes {}-{}/{size}", enc.range.start, enc.range.end - 1)
+    };
+    out.insert("alkblobs-range", HeaderValue::from_str(&r).expect("ascii"));
+    Ok((StatusCode::OK, out, Body::from_stream(enc.body)).into_response())
 }
 
 async fn get_outboard(
