@@ -6,6 +6,9 @@ named for it fail.
     scripts/mutants.py ID ...        just those
     scripts/mutants.py --group G     those of scripts/mutations/G.py (repeatable)
     scripts/mutants.py --list        what there is
+    scripts/mutants.py --check       only that every entry still applies
+                                     (its text occurs once, its tests
+                                     exist); scripts/test.sh runs it
     scripts/mutants.py --baseline    every mutation's tests without the
                                      mutation (they must pass, or a
                                      "caught" means nothing)
@@ -29,7 +32,7 @@ undone afterwards, also on Ctrl-C) and rebuilds what it must:
 `tests` names test functions (the runner finds the file that defines each
 under tests/tests/ or client/tests/, and its package and features) or, for
 a case the conformance macros stamp into several modules, a pair
-(test target, filter). A test run past `timeout` seconds (600 unless the
+(test target, filter); the target "lib" is the client's unit tests. A test run past `timeout` seconds (600 unless the
 entry says) counts as failed: a hang is what removing a guard that keeps a
 wait bounded looks like. A mutation SURVIVES if all its tests pass with the
 guard removed; the runner exits 1 if any does, or if a mutation no longer
@@ -101,6 +104,8 @@ def package_args(package, target):
         args += ["--features", "pg"]
     if package == "alkblobs" and target in ("cli_pg", "cli_s3"):
         args += ["--features", "pg-tests"]
+    if target == "lib":
+        return args + ["--lib"]
     return args + ["--test", target]
 
 
@@ -110,7 +115,8 @@ def runs(m, targets):
     for t in m["tests"]:
         if isinstance(t, tuple):
             target, filt = t
-            package = "alkblobs" if (root / "client" / "tests" / f"{target}.rs").exists() else "alkblobs-tests"
+            # ("lib", filter): the client's unit tests.
+            package = "alkblobs" if target == "lib" or (root / "client" / "tests" / f"{target}.rs").exists() else "alkblobs-tests"
         else:
             where = targets.get(t, [])
             if len(where) != 1:
@@ -249,6 +255,24 @@ def main():
         for m in every:
             print(f"{m['group']:12} {m['id']:34} {m['what']}")
         return 0
+    if "--check" in argv:
+        targets = test_targets()
+        stale = []
+        for m in every:
+            text = (root / m["file"]).read_text() if (root / m["file"]).exists() else ""
+            finds = m["find"] if isinstance(m["find"], list) else [m["find"]]
+            for find in finds:
+                if text.count(find) != 1:
+                    stale.append(f"{m['id']}: its text occurs {text.count(find)} times in {m['file']}")
+                text = text.replace(find, "")
+            try:
+                runs(m, targets)
+            except LookupError as e:
+                stale.append(f"{m['id']}: {e}")
+        for line in stale:
+            print(line, file=sys.stderr)
+        print(f"mutations: {len(every)} entries, {len(stale)} stale")
+        return 1 if stale else 0
     if "--group" in argv:
         groups = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--group"]
         known = {m["group"] for m in every}

@@ -2,7 +2,9 @@
 # Runs every test, as CI does (.ci/run calls this):
 #   1. installs what is missing (Debian packages, cargo-pgrx 0.18.1) and the
 #      extension into the system PostgreSQL 15 (scripts/install-extension.sh);
-#   2. formatting, clippy and rustdoc with warnings denied;
+#   2. formatting, clippy and rustdoc with warnings denied, and that every
+#      mutation of scripts/mutations/ still applies (scripts/mutants.py
+#      --check: no build, a second);
 #   3. the workspace suite: conformance over every engine and store
 #      configuration, bad input, crash, power-cut (on a FUSE filesystem
 #      that loses unsynced writes) and GC race tests, the CLI;
@@ -86,6 +88,9 @@ cargo clippy -p alkblobs-tests --features pg,s3 --tests --bins -- -D warnings
 
 step "cargo doc (warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p alkblobs -p alkblobs-core --features alkblobs/conformance,alkblobs/postgres
+
+step "the mutation entries still apply (scripts/mutants.py --check; the mutations themselves run apart: docs/design.md)"
+python3 scripts/mutants.py --check
 
 step "the published crates: package contents and cargo publish --dry-run (scripts/check-crates.sh)"
 scripts/check-crates.sh

@@ -287,7 +287,7 @@ async fn encode_stream(
             tx: tx.clone(),
             buf: BytesMut::with_capacity(SEND),
         };
-        let r = encode_ranges_validated(&data, ob, &ranges, &mut w).and_then(|()| {
+        let r = encode_ranges_validated(data, ob, &ranges, &mut w).and_then(|()| {
             w.send().map_err(EncodeError::Io)?;
             Ok(())
         });
@@ -405,6 +405,12 @@ impl ReadAt for Paged {
         let n = buf.len().min(page.len() - from);
         buf[..n].copy_from_slice(&page[from..from + n]);
         Ok(n)
+    }
+}
+
+impl bao_tree::io::sync::Size for Paged {
+    fn size(&self) -> io::Result<Option<u64>> {
+        Ok(Some(self.len))
     }
 }
 
