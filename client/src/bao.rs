@@ -523,7 +523,12 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
+        // (No persisted failures: a mutation run would leave files.)
+        #![proptest_config(ProptestConfig {
+            cases: 64,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
 
         /// Any byte of an encoding changed, any cut, anything appended, a
         /// wrong size or another key: the decoder refuses (never returns
