@@ -49,14 +49,19 @@ SELECT p.name AS pool,
        (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id) AS uploads,
        (SELECT count(*) FROM alkblobs.uploads u WHERE u.pool = p.id
            AND NOT alkblobs.upload_running(u.xact)) AS uploads_abandoned,
-       (SELECT count(*) FROM alkblobs.files f WHERE f.pool = p.id) AS local_files
+       (SELECT count(*) FROM alkblobs.files f WHERE f.pool = p.id) AS local_files,
+       -- (0.8.0, appended: a view keeps its columns' order.) The large
+       -- objects' outboards (entries.outboard): octet_length reads the
+       -- TOAST pointer's length, not the bytes.
+       coalesce(e.lo_outboard_bytes, 0) AS lo_outboard_bytes
   FROM alkblobs.pools p
   LEFT JOIN (
         SELECT en.pool,
                count(*) FILTER (WHERE en.tier = 'kv') AS kv_entries,
                sum(en.size) FILTER (WHERE en.tier = 'kv') AS kv_bytes,
                count(*) FILTER (WHERE en.tier = 'lo') AS lo_entries,
-               sum(en.size) FILTER (WHERE en.tier = 'lo') AS lo_bytes
+               sum(en.size) FILTER (WHERE en.tier = 'lo') AS lo_bytes,
+               sum(pg_catalog.octet_length(en.outboard)) FILTER (WHERE en.tier = 'lo') AS lo_outboard_bytes
           FROM alkblobs.entries en GROUP BY en.pool) e ON e.pool = p.id
  WHERE alkblobs.may(p, 'read');
 

@@ -57,7 +57,9 @@
 --   given to alkblobs_lo_commit's new outboard argument, read by window
 --   with alkblobs_lo_outboard, mended with alkblobs_lo_put_outboard), so
 --   a client verifies any range without reading the rest; entries stored
---   before have none until `alkblobs verify --repair-outboards`.
+--   before have none until `alkblobs verify --repair-outboards`;
+--   alkblobs_usage counts their bytes (a new last column,
+--   lo_outboard_bytes).
 
 -- New Rust functions (pg_ext/src/lib.rs), as pgrx declares them.
 CREATE FUNCTION alkblobs."scheduler_preloaded"() RETURNS bool

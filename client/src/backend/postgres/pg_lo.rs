@@ -351,6 +351,19 @@ impl LargeBackend for PgLoBackend {
         Ok(row.get(0))
     }
 
+    async fn outboard_usage(&self) -> Result<Option<u64>> {
+        let rows = self
+            .pg
+            .rows(
+                self,
+                None,
+                "SELECT lo_outboard_bytes::bigint FROM alkblobs_usage WHERE pool = $1",
+                &[(&self.pg.name(), Type::TEXT)],
+            )
+            .await?;
+        Ok(Some(rows.first().map_or(0, |r| r.get::<_, i64>(0) as u64)))
+    }
+
     async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         let c = self.snapshot().await?;
         let res = async {
