@@ -30,6 +30,7 @@ pub(super) struct State {
     pub(super) tokens: Tokens,
     pub(super) pins: HeldPins,
     pub(super) pin_hold: Duration,
+    pub(super) max_held_pins: usize,
     pub(super) max_body: u64,
     pub(super) idle: Duration,
 }
@@ -43,6 +44,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds to wait before retrying (`Retry-After`), when known.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -51,6 +54,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -101,6 +105,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
         let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -393,15 +401,38 @@ async fn get_outboard(
             ));
         }
     };
-    let bytes = if len == 0 {
+    // A window at a time (an outboard is up to 1/256 of its blob; a
+    // window is that of 16 MiB of it): the first read before answering, so
+    // a missing outboard is a 404.
+    const WINDOW: u64 = 64 << 10;
+    let first = if n == 0 {
         Bytes::new()
     } else {
         large
-            .read_outboard(&key, offset, n)
+            .read_outboard(&key, offset, n.min(WINDOW))
             .await?
             .ok_or_else(no_outboard)?
     };
+    let large = large.clone();
+    let end = offset + n;
+    let rest = futures::stream::try_unfold(offset + first.len() as u64, move |at| {
+        let large = large.clone();
+        async move {
+            if at >= end {
+                return Ok(None);
+            }
+            match large.read_outboard(&key, at, (end - at).min(WINDOW)).await {
+                Ok(Some(b)) if !b.is_empty() => Ok(Some((b.clone(), at + b.len() as u64))),
+                Ok(_) => Err(std::io::Error::other(format!(
+                    "the outboard of {key} ended early"
+                ))),
+                Err(e) => Err(std::io::Error::other(e)),
+            }
+        }
+    });
+    let body = Body::from_stream(futures::stream::once(async { Ok(first) }).chain(rest));
     let mut out = HeaderMap::new();
+    out.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
     if let Some(r) = range {
         out.insert(
             header::CONTENT_RANGE,
@@ -412,7 +443,7 @@ async fn get_outboard(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
-    Ok((status, out, bytes).into_response())
+    Ok((status, out, body).into_response())
 }
 
 /// A request body as a reader: at most `max` bytes (more is
@@ -470,7 +501,21 @@ impl Stream for IdleCut {
 
 use std::future::Future;
 
-fn check_length(s: &State, headers: &HeaderMap) -> ApiResult<()> {
+/// What a put checks before it reads its body: a declared length over the
+/// limit (413), or no room to hold another pin for a client (503).
+fn may_put(s: &State, headers: &HeaderMap) -> ApiResult<()> {
+    if s.pins.full(Instant::now(), s.max_held_pins) {
+        let mut r = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "pins_full",
+            format!(
+                "the server holds {} pins for clients (--max-held-pins): release yours (DELETE /pins/ID) or retry later",
+                s.max_held_pins
+            ),
+        );
+        r.retry_after = Some(60);
+        return Err(r);
+    }
     let declared = header_str(headers, header::CONTENT_LENGTH).and_then(|v| v.parse::<u64>().ok());
     match declared {
         Some(n) if n > s.max_body => Err(ApiError::new(
@@ -518,7 +563,7 @@ async fn put_blob(
 ) -> ApiResult {
     authorize(&s, &headers, peer, Grant::Write)?;
     let key = parse_key(&key)?;
-    check_length(&s, &headers)?;
+    may_put(&s, &headers)?;
     let put = s
         .store
         .put_reader_verified(&key, body_reader(body, s.max_body, s.idle))
@@ -533,7 +578,7 @@ async fn post_blob(
     body: Body,
 ) -> ApiResult {
     authorize(&s, &headers, peer, Grant::Write)?;
-    check_length(&s, &headers)?;
+    may_put(&s, &headers)?;
     let put = s
         .store
         .put_reader(body_reader(body, s.max_body, s.idle))

@@ -135,6 +135,10 @@ pub struct ServeOptions {
     pub max_concurrency: usize,
     /// How long a put's pin is held for its client (default 10 minutes).
     pub pin_hold: Duration,
+    /// Pins held for clients at once (default 100,000): a put beyond is
+    /// refused (503 `pins_full`) before its body is read, until clients
+    /// release theirs or holds end.
+    pub max_held_pins: usize,
     /// A client that sends nothing for this long (headers or body) is cut
     /// off (default 30 s).
     pub idle_timeout: Duration,
@@ -150,6 +154,7 @@ impl ServeOptions {
             max_body: 64 << 30,
             max_concurrency: 64,
             pin_hold: Duration::from_secs(600),
+            max_held_pins: 100_000,
             idle_timeout: Duration::from_secs(30),
         }
     }
@@ -188,6 +193,12 @@ impl ServeOptions {
         self
     }
 
+    /// How many pins may be held for clients at once.
+    pub fn max_held_pins(mut self, n: usize) -> Self {
+        self.max_held_pins = n.max(1);
+        self
+    }
+
     /// The idle cut-off.
     pub fn idle_timeout(mut self, d: Duration) -> Self {
         self.idle_timeout = d;
@@ -214,6 +225,18 @@ impl HeldPins {
     /// Drops the pins whose hold has ended.
     fn expire(&self, now: Instant) {
         self.lock().retain(|_, (_, until)| *until > now);
+    }
+
+    /// Whether `max` pins are held (after dropping the ended holds). A
+    /// put checks before it starts, so puts in flight can pass it by at
+    /// most the concurrency limit.
+    fn full(&self, now: Instant, max: usize) -> bool {
+        let mut held = self.lock();
+        if held.len() < max {
+            return false;
+        }
+        held.retain(|_, (_, until)| *until > now);
+        held.len() >= max
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (crate::PinGuard, Instant)>> {
@@ -255,6 +278,7 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
         tokens: opts.tokens.clone(),
         pins: HeldPins::default(),
         pin_hold: opts.pin_hold,
+        max_held_pins: opts.max_held_pins,
         max_body: opts.max_body,
         idle: opts.idle_timeout,
     });

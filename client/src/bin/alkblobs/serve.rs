@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// it (e.g. 10m).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pin_hold: Duration,
+    /// Pins held for clients at once; a put beyond is refused (503
+    /// pins_full) until clients release theirs or holds end.
+    #[arg(long, default_value_t = 100_000)]
+    max_held_pins: usize,
     /// A client silent this long (headers or body) is cut off.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
@@ -53,6 +57,7 @@ pub async fn serve(ctx: &Ctx, a: &ServeArgs) -> Res {
         .max_body(a.max_body)
         .max_concurrency(a.max_concurrency)
         .pin_hold(a.pin_hold)
+        .max_held_pins(a.max_held_pins)
         .idle_timeout(a.idle_timeout);
     if let (Some(c), Some(k)) = (&a.tls_cert, &a.tls_key) {
         opts = opts.tls(c, k);
