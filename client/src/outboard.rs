@@ -262,6 +262,10 @@ impl Mismatch {
     }
 }
 
+/// A group's chaining value, as [`hash_groups`] computes it (`None`: the
+/// bytes read did not reach it).
+pub type GroupHash = Option<[u8; 32]>;
+
 /// Verifies `data` (the bytes of `plan.data`) against `key`, reading the
 /// outboard entries through `pair(offset)` (the 64 bytes at that outboard
 /// offset, or `None` if the stored outboard is too short). Checks in tree
@@ -270,10 +274,19 @@ pub fn check(
     key: &Key,
     plan: &Plan,
     data: &[u8],
-    mut pair: impl FnMut(u64) -> Option<[u8; 64]>,
+    pair: impl FnMut(u64) -> Option<[u8; 64]>,
 ) -> Result<(), Mismatch> {
-    // Every group's chaining value first, on every core when there are
-    // many; then the walk down the tree compares them in order.
+    let cvs = hash_groups(plan, data, true);
+    check_hashed(key, plan, cvs, pair)
+}
+
+/// The chaining values of the plan's groups, in order, from `data` (the
+/// bytes read of `plan.data`; shorter if the blob ended early: a group
+/// they do not cover is `None`). With `parallel`, many groups hash on
+/// rayon's threads. The hashing half of [`check`], so that a reader
+/// chooses where the hashing runs.
+pub fn hash_groups(plan: &Plan, data: &[u8], parallel: bool) -> Vec<GroupHash> {
+    let from = plan.data.start;
     let leaves: Vec<(u64, usize, bool)> = plan
         .tree
         .ranges_pre_order_chunks_iter_ref(&plan.ranges, 0)
@@ -288,16 +301,27 @@ pub fn check(
         })
         .collect();
     let leaf_cv = |&(at, size, is_root): &(u64, usize, bool)| {
-        let from = (at - plan.data.start) as usize;
-        let bytes = data.get(from..from + size)?;
+        let at_in = (at - from) as usize;
+        let bytes = data.get(at_in..at_in + size)?;
         Some(hash_group(at / GROUP, bytes, is_root))
     };
-    let cvs: Vec<Option<ChainingValue>> = if leaves.len() >= PARALLEL_GROUPS {
+    if parallel && leaves.len() >= PARALLEL_GROUPS {
         use rayon::prelude::*;
         leaves.par_iter().map(leaf_cv).collect()
     } else {
         leaves.iter().map(leaf_cv).collect()
-    };
+    }
+}
+
+/// The walk half of [`check`]: the groups' chaining values (every group of
+/// the plan, in order, as [`hash_groups`] gives them) checked up the tree
+/// to `key` through the outboard's pairs.
+pub fn check_hashed(
+    key: &Key,
+    plan: &Plan,
+    cvs: Vec<GroupHash>,
+    mut pair: impl FnMut(u64) -> Option<[u8; 64]>,
+) -> Result<(), Mismatch> {
     let mut cvs = cvs.into_iter();
     let mut stack: Vec<ChainingValue> = vec![*key.as_bytes()];
     let mut nodes = plan.nodes.iter();
