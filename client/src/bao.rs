@@ -230,6 +230,8 @@ async fn encode_stream(
     // The stored outboard, if it is there and ends in the root's pair.
     let stored = if ob_len == 0 {
         true
+    } else if size <= large.outboard_floor() {
+        false
     } else {
         match large.read_outboard(&key, ob_len - PAIR, PAIR).await {
             Ok(Some(b)) => b.len() as u64 == PAIR,

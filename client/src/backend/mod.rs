@@ -362,6 +362,16 @@ pub trait LargeBackend: Backend {
     ///   first read that checks it and rebuilt by `verify --repair-outboards`.
     async fn put_outboard(&self, key: &Key, outboard: Bytes) -> Result<bool>;
 
+    /// Blobs of at most this many bytes carry no outboard in this engine,
+    /// by design (default 0: every blob of more than one chunk group
+    /// does). A verified range of one reads it whole, `verify` does not
+    /// count it missing, and a put does not store one. For an engine where
+    /// an outboard costs a request of its own (`s3`), small blobs read
+    /// whole as cheaply.
+    fn outboard_floor(&self) -> u64 {
+        0
+    }
+
     /// Bytes of stored outboards, when the engine can tell without reading
     /// them. The default says it cannot.
     async fn outboard_usage(&self) -> Result<Option<u64>> {

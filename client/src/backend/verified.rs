@@ -72,8 +72,11 @@ impl Verifier {
         // The bytes and the outboard windows at once: the windows on a
         // task of their own, so that an engine's blocking reads (a file's
         // pages, say) run on several workers.
+        // (A blob under the engine's outboard floor has none by design:
+        // it is read whole, once.)
         let stored_windows = match self.computed.get() {
             Some(_) => None,
+            None if self.size <= self.large.outboard_floor() => None,
             None => {
                 let (large, key) = (self.large.clone(), self.key);
                 let want = plan.outboard_windows(OUTBOARD_GAP);

@@ -312,7 +312,9 @@ pub async fn streaming_writes(e: &Arc<dyn LargeBackend>, caps: Caps) {
 /// at its end), replaced by `put_outboard` only for a present blob, not
 /// stored by an engine-level `put`, and gone with the blob.
 pub async fn outboards(e: &Arc<dyn LargeBackend>, caps: Caps) {
-    let value = data(17, (1 << 20).min(caps.max_value));
+    // Above the engine's outboard floor (under it a blob has none).
+    let floor = usize::try_from(e.outboard_floor()).unwrap_or(usize::MAX);
+    let value = data(17, floor.saturating_add(1 << 20).min(caps.max_value));
     let (key, ob) = crate::outboard::of(&value);
     assert!(
         ob.len() >= 64,
@@ -392,6 +394,21 @@ pub async fn outboards(e: &Arc<dyn LargeBackend>, caps: Caps) {
         ob,
         "{e}: back with the blob"
     );
+
+    // A blob at the engine's outboard floor is committed without its
+    // outboard.
+    if floor > 0 && floor <= caps.max_value {
+        let small = data(19, floor);
+        let (small_key, small_ob) = crate::outboard::of(&small);
+        let mut w = e.begin_write().await.unwrap();
+        w.write(Bytes::from(small)).await.unwrap();
+        w.commit(&small_key, small_ob.into()).await.unwrap();
+        assert!(e.has(&small_key).await.unwrap());
+        assert!(
+            read(&small_key, 0, 64).await.is_none(),
+            "{e}: a blob under the floor got an outboard"
+        );
+    }
 }
 
 /// Streaming reads return the exact bytes.

@@ -226,4 +226,7 @@ impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
     async fn outboard_usage(&self) -> Result<Option<u64>> {
         self.inner.outboard_usage().await
     }
+    fn outboard_floor(&self) -> u64 {
+        self.inner.outboard_floor()
+    }
 }

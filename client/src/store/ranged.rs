@@ -97,7 +97,11 @@ impl Store {
         if tier == Tier::Kv || outboard::outboard_len(size) == 0 {
             return Ok(Some(RangeCheck::Outboard));
         }
-        let stored = self.large_engine()?.read_outboard(key, 0, 0).await;
+        let large = self.large_engine()?;
+        if size <= large.outboard_floor() {
+            return Ok(Some(RangeCheck::WholeBlob));
+        }
+        let stored = large.read_outboard(key, 0, 0).await;
         Ok(Some(match stored {
             Ok(Some(_)) => RangeCheck::Outboard,
             Ok(None) | Err(Error::InvalidRange { .. }) => RangeCheck::WholeBlob,

@@ -86,13 +86,18 @@ impl Inner {
     /// Publishes `source` under `key` unless it is present, and its
     /// outboard beside it (written whether or not the blob was present, so
     /// a put mends a blob stored without one; beside the upload, not before
-    /// it: a put that fails either way fails, and a retry writes both).
+    /// it: a put that fails either way fails, and a retry writes both). A
+    /// blob of at most `outboard_floor` bytes gets none (see
+    /// [`super::S3Options::outboard_floor`]).
     pub(super) async fn publish(
         &self,
         key: &Key,
         source: Source,
         outboard: Bytes,
     ) -> Result<PutOutcome> {
+        if source.len() <= self.opts.outboard_floor {
+            return self.publish_blob(key, source).await;
+        }
         let (outcome, ob) = futures::join!(
             self.publish_blob(key, source),
             self.put_outboard_object(key, outboard)
