@@ -117,4 +117,20 @@ MUTATIONS = [
       replace="        let r = bao_tree::io::sync::encode_ranges(data, ob, &ranges, &mut w).and_then(|()| {",
       kind="rust",
       tests=["curl_fetches_bao_encodings_that_decode_to_the_range"]),
+    # The s3 outboard floor: a small blob gets no outboard object, and
+    # verify does not call that missing.
+    M(id="s3-floor-ignored-by-put",
+      what="an s3 put stores an outboard object for a blob under the floor",
+      file="client/src/backend/s3/upload.rs",
+      find="        if source.len() <= self.opts.outboard_floor {",
+      replace="        if source.len() <= self.opts.outboard_floor && false {",
+      kind="rust",
+      tests=["blobs_under_the_outboard_floor_verify_whole_and_are_not_missing"]),
+    M(id="s3-floor-counted-missing",
+      what="verify counts (and repairs) a blob under the engine's outboard floor as missing its outboard",
+      file="client/src/store/verify.rs",
+      find="    if n <= large.outboard_floor() {",
+      replace="    if n <= large.outboard_floor() && false {",
+      kind="rust",
+      tests=["blobs_under_the_outboard_floor_verify_whole_and_are_not_missing"]),
 ]

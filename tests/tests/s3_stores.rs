@@ -109,3 +109,49 @@ async fn stores_racing_for_a_fresh_prefix_get_one_owner() {
     }
     assert_eq!(owners, 1, "one prefix, one owner");
 }
+
+/// Blobs of at most the s3 engine's outboard floor (1 MiB) are stored
+/// without an outboard object, by design: a verified range reads them
+/// whole and right, `verify` neither counts nor repairs them as missing,
+/// `range_check` says so; a bigger blob keeps its outboard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blobs_under_the_outboard_floor_verify_whole_and_are_not_missing() {
+    use alkblobs::{RangeCheck, VerifyOptions};
+    let (store, _dir) = sqlite_s3("floor", 65_536).await;
+    let large = store.large().unwrap().clone();
+    assert_eq!(large.outboard_floor(), 1 << 20);
+    let small = alkblobs_tests::data(41, 1 << 20);
+    let big = alkblobs_tests::data(42, (1 << 20) + 1);
+    let ks = store.put(small.clone()).await.unwrap().key;
+    let kb = store.put(big.clone()).await.unwrap().key;
+    assert_eq!(large.read_outboard(&ks, 0, 64).await.unwrap(), None);
+    assert!(large.read_outboard(&kb, 0, 64).await.unwrap().is_some());
+    assert_eq!(
+        store.range_check(&ks).await.unwrap(),
+        Some(RangeCheck::WholeBlob)
+    );
+    assert_eq!(
+        store.range_check(&kb).await.unwrap(),
+        Some(RangeCheck::Outboard)
+    );
+    let got = store
+        .get_range_verified(&ks, 300_000, 5000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got[..] == small[300_000..305_000]);
+    let report = store
+        .verify_with_options(VerifyOptions::default().repair_outboards(true), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.outboards_missing, report.outboards_repaired),
+        (0, 0),
+        "{report:?}"
+    );
+    assert_eq!(large.read_outboard(&ks, 0, 64).await.unwrap(), None);
+    assert_eq!(
+        large.outboard_usage().await.unwrap(),
+        Some(alkblobs::outboard::outboard_len(big.len() as u64))
+    );
+}
