@@ -2,7 +2,8 @@
 //! on loopback): the engine and store conformance cases that do not
 //! delete (deletion is the storage node's), and a lying storage node —
 //! a flipped byte, a truncated body, another blob's bytes, a wrong
-//! outboard, a cut transfer — caught by the client at the right offset.
+//! outboard, a cut transfer — caught by the client at the right offset,
+//! in its verified streams (`/bao`) as in its raw ranges.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -142,6 +143,86 @@ struct Liar {
     blob: Bytes,
     outboard: Bytes,
     lie: Arc<Mutex<Lie>>,
+    /// Requests per route: "bao", "blob", "outboard".
+    hits: Arc<Mutex<std::collections::HashMap<&'static str, usize>>>,
+}
+
+impl Liar {
+    fn hit(&self, route: &'static str) {
+        *self.hits.lock().unwrap().entry(route).or_default() += 1;
+    }
+
+    fn take_hits(&self) -> std::collections::HashMap<&'static str, usize> {
+        std::mem::take(&mut *self.hits.lock().unwrap())
+    }
+}
+
+/// `GET /blobs/{key}/bao?range=A-B`, lying as told: the stream is built
+/// from the bytes and outboard it lies with, by bao-tree's encoder (which
+/// checks nothing), then cut, lengthened or sent under a claimed size.
+async fn liar_bao(
+    State(l): State<Liar>,
+    Path(key): Path<String>,
+    uri: axum::http::Uri,
+) -> Response {
+    use bao_tree::io::outboard::PostOrderOutboard;
+    l.hit("bao");
+    if key != l.key.to_string() {
+        return (
+            StatusCode::NOT_FOUND,
+            r#"{"error":{"code":"not_found","message":"no such blob"}}"#,
+        )
+            .into_response();
+    }
+    let lie = l.lie.lock().unwrap().clone();
+    if let Lie::Cut(n) = lie
+        && n > 0
+    {
+        *l.lie.lock().unwrap() = Lie::Cut(n - 1);
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    let real = l.blob.len() as u64;
+    let (a, b) = uri
+        .query()
+        .and_then(|q| q.strip_prefix("range="))
+        .and_then(|r| r.split_once('-'))
+        .map(|(a, b)| (a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()))
+        .unwrap();
+    let range = a..(b + 1).min(real);
+    let mut data = match &lie {
+        Lie::Other(o) | Lie::OtherWithOutboard(o, _) => o.to_vec(),
+        _ => l.blob.to_vec(),
+    };
+    if let Lie::Flip(at) = lie {
+        data[at as usize] ^= 1;
+    }
+    let ob = match &lie {
+        Lie::Outboard(o) | Lie::OtherWithOutboard(_, o) => o.to_vec(),
+        _ => l.outboard.to_vec(),
+    };
+    let outboard = PostOrderOutboard {
+        root: bao_tree::blake3::Hash::from_bytes(*l.key.as_bytes()),
+        tree: alkblobs::outboard::tree(real),
+        data: ob,
+    };
+    let mut body = Vec::new();
+    bao_tree::io::sync::encode_ranges(
+        data,
+        outboard,
+        &alkblobs::bao::chunk_ranges(real, range),
+        &mut body,
+    )
+    .unwrap();
+    match lie {
+        Lie::Truncate(n) => body.truncate(body.len().saturating_sub(n)),
+        Lie::Longer(n) => body.extend(std::iter::repeat_n(7u8, n)),
+        _ => {}
+    }
+    let size = match lie {
+        Lie::Huge => 1u64 << 62,
+        _ => real,
+    };
+    (StatusCode::OK, [("alkblobs-size", size.to_string())], body).into_response()
 }
 
 fn part(headers: &HeaderMap, len: u64) -> (u64, u64) {
@@ -163,6 +244,7 @@ async fn liar_blob(
     method: axum::http::Method,
     headers: HeaderMap,
 ) -> Response {
+    l.hit("blob");
     if key != l.key.to_string() {
         return StatusCode::NOT_FOUND.into_response();
     }
@@ -201,6 +283,7 @@ async fn liar_blob(
 }
 
 async fn liar_outboard(State(l): State<Liar>, headers: HeaderMap) -> Response {
+    l.hit("outboard");
     let ob = match l.lie.lock().unwrap().clone() {
         Lie::Outboard(o) | Lie::OtherWithOutboard(_, o) => o,
         _ => l.outboard.clone(),
@@ -220,11 +303,13 @@ async fn liar(blob: Vec<u8>) -> (Liar, SocketAddr) {
         blob: Bytes::from(blob),
         outboard: Bytes::from(outboard),
         lie: Arc::default(),
+        hits: Arc::default(),
     };
     let app = axum::Router::new()
         .route("/blobs", axum::routing::get(|| async { "[]" }))
         .route("/blobs/{key}", axum::routing::get(liar_blob))
         .route("/blobs/{key}/outboard", axum::routing::get(liar_outboard))
+        .route("/blobs/{key}/bao", axum::routing::get(liar_bao))
         .with_state(l.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -249,12 +334,22 @@ async fn a_lying_node_is_caught_at_the_right_offset() {
     let set = |lie: Lie| *l.lie.lock().unwrap() = lie;
     let got = e.read_range(&key, 100_000, 50_000).await.unwrap().unwrap();
     assert!(got == blob[100_000..150_000], "an honest node");
+    // One request: the range's verified stream.
+    assert_eq!(l.take_hits(), [("bao", 1)].into(), "an honest range");
+    let whole = e.get(&key).await.unwrap().unwrap();
+    assert!(whole == blob);
+    assert_eq!(l.take_hits(), [("bao", 1)].into(), "a 2 MB get");
+    // Each lie below is caught in the stream first, then read the long
+    // way (the raw range and the outboard), which names the offset.
 
     set(Lie::Flip(1_234_567));
     assert_eq!(
         corrupt_at(e.read_range(&key, 1_200_000, 100_000).await),
         1_234_567 / GROUP * GROUP
     );
+    let hits = l.take_hits();
+    assert_eq!(hits.get("bao"), Some(&1), "{hits:?}");
+    assert!(hits.get("blob").is_some_and(|n| *n >= 1), "{hits:?}");
     let fine = e.read_range(&key, 0, 100_000).await.unwrap().unwrap();
     assert!(fine == blob[..100_000], "ranges away from the flip read");
     let mut r = e.open_read(&key).await.unwrap().unwrap();

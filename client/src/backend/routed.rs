@@ -1,9 +1,12 @@
 //! `routed`: a large tier on another node, through its `alkblobs serve`
 //! (feature `serve`). Every byte it receives is checked against its key
-//! before it is returned: ranges through the blob's BLAKE3 outboard (the
-//! storage node's, itself checked against the key), whole reads the same
-//! way, so a lying or damaged storage node is caught at the first bad
-//! offset ([`crate::Error::CorruptAt`]).
+//! before it is returned. A range (and a whole get, 4 MiB at a time) is
+//! one request for its verified stream (`GET /blobs/{key}/bao`, decoded by
+//! [`crate::bao::decode`]); should that not verify, or the node be too old
+//! to have it, the range is read again the long way — its bytes and the
+//! node's outboard, itself checked against the key — which reads around a
+//! damaged outboard and names the first bad offset of damaged bytes
+//! ([`crate::Error::CorruptAt`]). Streams read the long way.
 //!
 //! Puts are verified uploads (`PUT /blobs/{key}`: the storage node stores
 //! nothing that is not the key) and release the pin the node holds for
@@ -28,6 +31,19 @@ use crate::{Error, Key, Result};
 
 /// Keys one listing request returns.
 const LIST_PAGE: usize = 1000;
+
+/// The most one verified-stream request asks for: a longer read is several
+/// (memory follows what arrived and verified, never a claimed size).
+const BAO_WINDOW: u64 = 4 << 20;
+
+/// What a verified-stream request gave.
+enum Bao {
+    /// Bytes that verified against the key, and the blob's size (proven
+    /// by them: the stream always carries the last chunk).
+    Bytes(Bytes, u64),
+    /// Nothing usable: read the long way.
+    Unverified,
+}
 
 /// Where a routed engine sends large content; build with
 /// `RoutedOptions::new(url).token(..)`.
@@ -226,6 +242,70 @@ impl Inner {
         }
     }
 
+    /// `[offset, offset+len)` of the blob through its verified stream,
+    /// decoded here: `Ok(Bao::Bytes)` only for bytes that verified,
+    /// `Ok(Bao::Unverified)` when the stream did not verify or the node has
+    /// no such route (the caller reads the long way), errors of transport
+    /// and of the node as they are. At most `len` of a window of at most
+    /// [`BAO_WINDOW`] bytes (a claimed size allocates nothing).
+    async fn bao(&self, key: &Key, offset: u64, len: u64) -> Result<Bao> {
+        let last = offset.saturating_add(len.clamp(1, BAO_WINDOW)) - 1;
+        let r = self
+            .request(
+                Method::GET,
+                &format!("/blobs/{key}/bao?range={offset}-{last}"),
+            )
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        match r.status() {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND | StatusCode::RANGE_NOT_SATISFIABLE => {
+                // Absent, past the end, or a node without the route: the
+                // long way tells which.
+                return Ok(Bao::Unverified);
+            }
+            _ => return Err(self.unexpected("read a verified range", Some(key), r).await),
+        }
+        let size = r
+            .headers()
+            .get("alkblobs-size")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let Some(size) = size.filter(|s| offset < *s) else {
+            return Ok(Bao::Unverified);
+        };
+        let want = offset..(last + 1).min(size);
+        // The range, its pairs (one per 16 KiB group and two per tree
+        // level), the pairs inside its edge groups, the last chunk and its
+        // path: never more than this.
+        let n = want.end - want.start;
+        let bound = n + n / 128 + (64 << 10);
+        let body = match body_capped(self, r, bound).await {
+            Ok(b) => b,
+            Err(Error::Engine { .. }) => return Ok(Bao::Unverified),
+            Err(e) => return Err(e),
+        };
+        let k = *key;
+        let decoded =
+            tokio::task::spawn_blocking(move || crate::bao::decode(&k, size, want, &body[..]))
+                .await
+                .map_err(|e| {
+                    Error::engine(
+                        &self.display,
+                        format!("decoding a verified range failed: {e}"),
+                    )
+                })?;
+        match decoded {
+            Ok(b) => Ok(Bao::Bytes(b, size)),
+            Err(e) => {
+                tracing::warn!(key = %key, engine = %self.display, error = %e,
+                    "a verified stream from the storage node did not verify; reading the range the long way");
+                Ok(Bao::Unverified)
+            }
+        }
+    }
+
     /// A verified upload of `body`; the node's pin on it is released (the
     /// caller's store pinned the key in the pool both share).
     async fn upload(&self, key: &Key, body: reqwest::Body) -> Result<PutOutcome> {
@@ -308,6 +388,42 @@ impl RoutedBackend {
     }
 }
 
+impl RoutedBackend {
+    /// `[offset, offset+len)` verified: through the node's verified stream,
+    /// [`BAO_WINDOW`] at a time; a window that does not come verified
+    /// that way (and everything after it) is read the long way.
+    async fn verified_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        if len == 0 {
+            return range_verified(&self.raw, key, offset, len, true).await;
+        }
+        let mut out = bytes::BytesMut::new();
+        let mut at = offset;
+        loop {
+            let left = len - (at - offset);
+            match self.inner.bao(key, at, left).await? {
+                Bao::Bytes(b, size) => {
+                    out.extend_from_slice(&b);
+                    at += b.len() as u64;
+                    if at >= size || at - offset == len || b.is_empty() {
+                        return Ok(Some(out.freeze()));
+                    }
+                }
+                Bao::Unverified => {
+                    return match range_verified(&self.raw, key, at, left, true).await? {
+                        Some(rest) if at == offset => Ok(Some(rest)),
+                        Some(rest) => {
+                            out.extend_from_slice(&rest);
+                            Ok(Some(out.freeze()))
+                        }
+                        // Deleted between two windows: gone.
+                        None => Ok(None),
+                    };
+                }
+            }
+        }
+    }
+}
+
 impl fmt::Debug for RoutedBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RoutedBackend")
@@ -356,7 +472,7 @@ impl Backend for RoutedBackend {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
-        range_verified(&self.raw, key, 0, u64::MAX, true).await
+        self.verified_range(key, 0, u64::MAX).await
     }
 
     async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
@@ -447,7 +563,7 @@ impl LargeBackend for RoutedBackend {
     }
 
     async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
-        range_verified(&self.raw, key, offset, len, true).await
+        self.verified_range(key, offset, len).await
     }
 
     async fn delete_through(&self, _key: &Key, _through: u64) -> Result<Option<u64>> {
