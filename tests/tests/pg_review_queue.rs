@@ -42,6 +42,32 @@ async fn qpool_with_table(c: &Client, tag: &str) -> (String, String) {
     (pool, table)
 }
 
+/// A 'mark' pool (pin TTL `ttl`) with a registered table `<pool>_refs`
+/// whose three rows, naming one key, were deleted: three liveness
+/// deletions waiting to be routed. (pool, table)
+async fn mark_pool_with_3_deletions(c: &Client, tag: &str, ttl: &str) -> (String, String) {
+    let pool = unique(tag);
+    c.execute(
+        "SELECT alkblobs_create_pool($1, '0 seconds', $2::text::interval, collector => 'mark')",
+        &[&pool, &ttl],
+    )
+    .await
+    .unwrap();
+    let table = table_name(&pool, "refs");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea)"))
+        .await
+        .unwrap();
+    register(c, &pool, &table).await;
+    let k = garbage(c, &pool, tag.as_bytes()).await;
+    for _ in 0..3 {
+        reference(c, &table, &k).await.unwrap();
+    }
+    c.execute(&format!("DELETE FROM {table}"), &[])
+        .await
+        .unwrap();
+    (pool, table)
+}
+
 /// One sweep call: (reviewed, staged, deleted, audit, missed).
 async fn sweep(c: &Client, pool: &str) -> (i64, i64, i64, Option<String>, Option<i64>) {
     let r = c
@@ -241,25 +267,7 @@ async fn liveness_deletions_are_routed_by_any_sweep_and_collected() {
     assert!(!exists(&c, &pool, &k).await);
 
     // A table of a 'mark' pool: its own sweep empties it.
-    let other = unique("q-route-mark");
-    c.execute(
-        "SELECT alkblobs_create_pool($1, '0 seconds', '60 seconds', collector => 'mark')",
-        &[&other],
-    )
-    .await
-    .unwrap();
-    let mtable = table_name(&other, "refs");
-    c.batch_execute(&format!("CREATE TABLE {mtable} (key bytea)"))
-        .await
-        .unwrap();
-    register(&c, &other, &mtable).await;
-    let m = garbage(&c, &other, b"q-route in mark").await;
-    for _ in 0..3 {
-        reference(&c, &mtable, &m).await.unwrap();
-    }
-    c.execute(&format!("DELETE FROM {mtable}"), &[])
-        .await
-        .unwrap();
+    let (other, mtable) = mark_pool_with_3_deletions(&c, "q-route-mark", "60 seconds").await;
     assert_eq!(appended(&c, &mtable).await, 3);
     // A call routes at most max_keys, and a full batch says so (reviewed
     // = max_keys: its caller calls again).
@@ -329,25 +337,7 @@ async fn batches_hold_their_bound_under_a_rescanning_plan() {
     .unwrap();
     // Liveness deletions of a 'mark' pool's table: routed (dropped) two
     // by two.
-    let pool = unique("q-bound");
-    c.execute(
-        "SELECT alkblobs_create_pool($1, '0 seconds', '1 second', collector => 'mark')",
-        &[&pool],
-    )
-    .await
-    .unwrap();
-    let table = table_name(&pool, "refs");
-    c.batch_execute(&format!("CREATE TABLE {table} (key bytea)"))
-        .await
-        .unwrap();
-    register(&c, &pool, &table).await;
-    let k = garbage(&c, &pool, b"q-bound").await;
-    for _ in 0..3 {
-        reference(&c, &table, &k).await.unwrap();
-    }
-    c.execute(&format!("DELETE FROM {table}"), &[])
-        .await
-        .unwrap();
+    let (pool, table) = mark_pool_with_3_deletions(&c, "q-bound", "1 second").await;
     let appended = async || -> i64 {
         c.query_one(
             "SELECT count(*) FROM alkblobs.released WHERE relid = $1::text::regclass",
