@@ -68,6 +68,42 @@ async fn mark_pool_with_3_deletions(c: &Client, tag: &str, ttl: &str) -> (String
     (pool, table)
 }
 
+/// Liveness deletions of `table` waiting to be routed.
+async fn appended(c: &Client, table: &str) -> i64 {
+    c.query_one(
+        "SELECT count(*) FROM alkblobs.released WHERE relid = $1::text::regclass",
+        &[&table],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// `pool`'s sweep call with max_keys 2 over `table`'s three deletions
+/// routes two, no more, and says its batch was full (reviewed = max_keys:
+/// its caller calls again); one is left.
+async fn routes_two_of_three(c: &Client, pool: &str, table: &str) {
+    assert_eq!(appended(c, table).await, 3);
+    let r = c
+        .query_one(
+            "SELECT aborted, reviewed FROM alkblobs_sweep($1, max_keys => 2)",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get::<_, Option<String>>(0), None);
+    assert_eq!(
+        r.get::<_, i64>(1),
+        2,
+        "the routing batch was not full, or went past max_keys"
+    );
+    assert_eq!(
+        appended(c, table).await,
+        1,
+        "the routing batch went past max_keys"
+    );
+}
+
 /// One sweep call: (reviewed, staged, deleted, audit, missed).
 async fn sweep(c: &Client, pool: &str) -> (i64, i64, i64, Option<String>, Option<i64>) {
     let r = c
@@ -238,15 +274,6 @@ async fn a_deleted_liveness_row_queues_its_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn liveness_deletions_are_routed_by_any_sweep_and_collected() {
     let c = connect().await;
-    let appended = async |c: &Client, t: &str| -> i64 {
-        c.query_one(
-            "SELECT count(*) FROM alkblobs.released WHERE relid = $1::text::regclass",
-            &[&t],
-        )
-        .await
-        .unwrap()
-        .get(0)
-    };
     let (pool, table) = qpool_with_table(&c, "q-route").await;
     let k = garbage(&c, &pool, b"q-route").await;
     reference(&c, &table, &k).await.unwrap();
@@ -268,23 +295,7 @@ async fn liveness_deletions_are_routed_by_any_sweep_and_collected() {
 
     // A table of a 'mark' pool: its own sweep empties it.
     let (other, mtable) = mark_pool_with_3_deletions(&c, "q-route-mark", "60 seconds").await;
-    assert_eq!(appended(&c, &mtable).await, 3);
-    // A call routes at most max_keys, and a full batch says so (reviewed
-    // = max_keys: its caller calls again).
-    let r = c
-        .query_one(
-            "SELECT aborted, reviewed FROM alkblobs_sweep($1, max_keys => 2)",
-            &[&other],
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.get::<_, Option<String>>(0), None);
-    assert_eq!(
-        r.get::<_, i64>(1),
-        2,
-        "a full routing batch was not reported"
-    );
-    assert_eq!(appended(&c, &mtable).await, 1);
+    routes_two_of_three(&c, &other, &mtable).await;
     let r = c
         .query_one("SELECT aborted FROM alkblobs_sweep($1)", &[&other])
         .await
@@ -338,30 +349,7 @@ async fn batches_hold_their_bound_under_a_rescanning_plan() {
     // Liveness deletions of a 'mark' pool's table: routed (dropped) two
     // by two.
     let (pool, table) = mark_pool_with_3_deletions(&c, "q-bound", "1 second").await;
-    let appended = async || -> i64 {
-        c.query_one(
-            "SELECT count(*) FROM alkblobs.released WHERE relid = $1::text::regclass",
-            &[&table],
-        )
-        .await
-        .unwrap()
-        .get(0)
-    };
-    assert_eq!(appended().await, 3);
-    let r = c
-        .query_one(
-            "SELECT reviewed, aborted FROM alkblobs_sweep($1, max_keys => 2)",
-            &[&pool],
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.get::<_, Option<String>>(1), None);
-    assert_eq!(
-        r.get::<_, i64>(0),
-        2,
-        "the routing batch went past max_keys"
-    );
-    assert_eq!(appended().await, 1, "the routing batch went past max_keys");
+    routes_two_of_three(&c, &pool, &table).await;
 
     // Three expired pins: reaped two by two.
     for v in [b"q-bound a".as_slice(), b"q-bound b", b"q-bound c"] {
