@@ -167,4 +167,11 @@ MUTATIONS = [
       replace="        DELETE FROM alkblobs.pins pn\n         WHERE (pn.pool, pn.key, pn.role, pn.owner) IN (\n               SELECT x.pool, x.key, x.role, x.owner FROM alkblobs.pins x\n                WHERE x.pool = pl.id AND x.expires_at <= clock_timestamp()\n                LIMIT v_keys FOR UPDATE SKIP LOCKED);",
       kind="ext",
       tests=["batches_hold_their_bound_under_a_rescanning_plan"]),
+    M(id="upload-reap-batch-rescanned",
+      what="the abandoned uploads a sweep reaps are picked in a semi-join the planner may rescan (the pre-fix form)",
+      file="sql/api/90-sweep.sql",
+      find="        FOR r IN WITH pick AS MATERIALIZED (\n                     SELECT x.loid FROM alkblobs.uploads x\n                      WHERE x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)\n                      ORDER BY x.loid LIMIT v_max FOR UPDATE SKIP LOCKED)\n                 DELETE FROM alkblobs.uploads u USING pick WHERE u.loid = pick.loid\n",
+      replace="        FOR r IN DELETE FROM alkblobs.uploads u WHERE u.loid IN (\n                     SELECT x.loid FROM alkblobs.uploads x\n                      WHERE x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)\n                      ORDER BY x.loid LIMIT v_max FOR UPDATE SKIP LOCKED)\n",
+      kind="ext",
+      tests=["batches_hold_their_bound_under_a_rescanning_plan"]),
 ]

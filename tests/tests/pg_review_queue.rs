@@ -335,7 +335,8 @@ async fn liveness_deletions_are_routed_by_any_sweep_and_collected() {
 /// made it delete past n (a rescan passes over the rows the statement has
 /// deleted, now locked by this command, and takes the next ones): CI saw
 /// it once, on statistics concurrent tests left. Here the plan is forced,
-/// for the liveness routing and the reaping of expired pins.
+/// for the liveness routing and the reaping of expired pins and of
+/// abandoned uploads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_hold_their_bound_under_a_rescanning_plan() {
     let c = connect().await;
@@ -367,6 +368,29 @@ async fn batches_hold_their_bound_under_a_rescanning_plan() {
     };
     assert_eq!(reaped().await, 2, "the pin reaping went past max_keys");
     assert_eq!(reaped().await, 1);
+
+    // Three abandoned uploads (each started in autocommit, so over when it
+    // returns): reaped two by two.
+    for _ in 0..3 {
+        c.query_one("SELECT alkblobs_lo_create($1)", &[&pool])
+            .await
+            .unwrap();
+    }
+    let reaped_uploads = async || -> i64 {
+        c.query_one(
+            "SELECT uploads_reaped FROM alkblobs_sweep($1, max_unlinks => 2)",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(
+        reaped_uploads().await,
+        2,
+        "the upload reaping went past max_unlinks"
+    );
+    assert_eq!(reaped_uploads().await, 1);
 }
 
 /// Liveness deletions left unrouted past the pool's warn_after (no sweep
