@@ -393,6 +393,74 @@ async fn batches_hold_their_bound_under_a_rescanning_plan() {
     assert_eq!(reaped_uploads().await, 1);
 }
 
+/// The bounded routing pick (forced onto the rescanning plan) racing a
+/// writer's liveness delete at every isolation level, from two
+/// connections: the writer's appended row, uncommitted, is neither routed
+/// nor waited for (the sweep passes it, SKIP LOCKED does not even see it);
+/// the batch holds its bound; the writer commits without a serialization
+/// failure; later sweeps route the rest and collect both keys, and nothing
+/// is collected while the writer's transaction still names its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_routing_races_liveness_deletes_at_every_isolation_level() {
+    let c = connect().await;
+    ensure_extension(&c).await;
+    c.batch_execute(
+        "SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off;
+         SET enable_sort = off; SET enable_hashagg = off;",
+    )
+    .await
+    .unwrap();
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let (pool, table) = qpool_with_table(&c, "q-bound-iso").await;
+        let k = garbage(&c, &pool, format!("q-bound-iso {level}").as_bytes()).await;
+        let held = garbage(&c, &pool, format!("q-bound-iso held {level}").as_bytes()).await;
+        for _ in 0..3 {
+            reference(&c, &table, &k).await.unwrap();
+        }
+        reference(&c, &table, &held).await.unwrap();
+        // The pins' releases queued both keys: reviewed, kept (named).
+        let (_, _, deleted, ..) = sweep(&c, &pool).await;
+        assert_eq!(deleted, 0, "{level}");
+        c.execute(&format!("DELETE FROM {table} WHERE key = $1"), &[&k])
+            .await
+            .unwrap();
+        assert_eq!(appended(&c, &table).await, 3);
+        // The writer deletes `held`'s row in an open transaction.
+        let w = connect().await;
+        w.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        w.execute(&format!("DELETE FROM {table} WHERE key = $1"), &[&held])
+            .await
+            .unwrap_or_else(|e| panic!("{level}: liveness delete: {e:?}"));
+        let r = c
+            .query_one(
+                "SELECT aborted, reviewed, deleted FROM alkblobs_sweep($1, max_keys => 2)",
+                &[&pool],
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.get::<_, Option<String>>(0), None, "{level}");
+        assert_eq!(appended(&c, &table).await, 1, "{level}: the batch's bound");
+        assert!(
+            exists(&c, &pool, &held).await,
+            "{level}: collected while named"
+        );
+        w.batch_execute("COMMIT")
+            .await
+            .unwrap_or_else(|e| panic!("{level}: commit: {e:?}"));
+        for _ in 0..3 {
+            sweep(&c, &pool).await;
+        }
+        assert_eq!(appended(&c, &table).await, 0, "{level}: left unrouted");
+        assert!(!exists(&c, &pool, &k).await, "{level}: k was not collected");
+        assert!(
+            !exists(&c, &pool, &held).await,
+            "{level}: the writer's released key was not collected"
+        );
+    }
+}
+
 /// Liveness deletions left unrouted past the pool's warn_after (no sweep
 /// has run) make health warn, until a sweep routes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
