@@ -128,7 +128,7 @@ async fn blobs_under_the_outboard_floor_verify_whole_and_are_not_missing() {
     assert!(large.read_outboard(&kb, 0, 64).await.unwrap().is_some());
     assert_eq!(
         store.range_check(&ks).await.unwrap(),
-        Some(RangeCheck::WholeBlob)
+        Some(RangeCheck::BelowFloor)
     );
     assert_eq!(
         store.range_check(&kb).await.unwrap(),

@@ -295,7 +295,7 @@ pub async fn verified_ranges(store: &Store, cfg: Config) {
     let floor = store.large().map_or(0, |l| l.outboard_floor());
     for (k, v) in [(k1, &streamed), (k2, &verified), (k3, &batched)] {
         let expected = if v.len() as u64 <= floor {
-            RangeCheck::WholeBlob
+            RangeCheck::BelowFloor
         } else {
             RangeCheck::Outboard
         };

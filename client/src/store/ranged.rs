@@ -22,6 +22,11 @@ pub enum RangeCheck {
     /// It has no outboard: a verified range costs reading the whole blob
     /// (`alkblobs verify --repair-outboards` stores one).
     WholeBlob,
+    /// It is at most its engine's outboard floor
+    /// ([`crate::LargeBackend::outboard_floor`]): it has none by design, and
+    /// a verified range reads it whole, about as cheaply there as a range
+    /// and an outboard (nothing to repair).
+    BelowFloor,
 }
 
 impl Store {
@@ -99,7 +104,7 @@ impl Store {
         }
         let large = self.large_engine()?;
         if size <= large.outboard_floor() {
-            return Ok(Some(RangeCheck::WholeBlob));
+            return Ok(Some(RangeCheck::BelowFloor));
         }
         let stored = large.read_outboard(key, 0, 0).await;
         Ok(Some(match stored {

@@ -13,7 +13,8 @@ use crate::output::print_json;
 struct Stat {
     #[serde(flatten)]
     meta: EntryMeta,
-    /// `outboard`, or `whole_blob` for a large blob stored before outboards.
+    /// `outboard`, `whole_blob` for a large blob stored before outboards,
+    /// or `below_floor` for one its engine keeps no outboard for.
     ranges: RangeCheck,
 }
 
@@ -37,6 +38,8 @@ pub async fn stat(ctx: &Ctx, key: Key) -> Res {
             RangeCheck::Outboard => "verified by its outboard (any range, reading only that range)",
             RangeCheck::WholeBlob =>
                 "no outboard: a verified range reads the whole blob (alkblobs verify --repair-outboards)",
+            RangeCheck::BelowFloor =>
+                "verified whole (small enough that its engine keeps no outboard)",
         }
     );
     Ok(())
