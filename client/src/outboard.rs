@@ -320,9 +320,27 @@ pub fn check_hashed(
     key: &Key,
     plan: &Plan,
     cvs: Vec<GroupHash>,
-    mut pair: impl FnMut(u64) -> Option<[u8; 64]>,
+    pair: impl FnMut(u64) -> Option<[u8; 64]>,
 ) -> Result<(), Mismatch> {
     let mut cvs = cvs.into_iter();
+    walk(key, plan, pair, |at, expected| {
+        let cv = cvs.next().flatten().ok_or(Mismatch::Data(at))?;
+        if cv != expected {
+            return Err(Mismatch::Data(at));
+        }
+        Ok(())
+    })
+}
+
+/// The tree walk of a plan from `key` down: each pair (read through
+/// `pair`) must merge to what its parent says; each group's expected
+/// chaining value, with its first byte, goes to `leaf`.
+fn walk(
+    key: &Key,
+    plan: &Plan,
+    mut pair: impl FnMut(u64) -> Option<[u8; 64]>,
+    mut leaf: impl FnMut(u64, ChainingValue) -> Result<(), Mismatch>,
+) -> Result<(), Mismatch> {
     let mut stack: Vec<ChainingValue> = vec![*key.as_bytes()];
     let mut nodes = plan.nodes.iter();
     for chunk in plan.tree.ranges_pre_order_chunks_iter_ref(&plan.ranges, 0) {
@@ -356,11 +374,8 @@ pub fn check_hashed(
             }
             BaoChunk::Leaf { start_chunk, .. } => {
                 let at = start_chunk.0 * 1024;
-                let cv = cvs.next().flatten().ok_or(Mismatch::Data(at))?;
                 let expected = stack.pop().ok_or(Mismatch::Outboard(at))?;
-                if cv != expected {
-                    return Err(Mismatch::Data(at));
-                }
+                leaf(at, expected)?;
             }
         }
     }
@@ -379,43 +394,13 @@ pub fn validate(key: &Key, size: u64, outboard: &[u8]) -> bool {
     if outboard.is_empty() {
         return true;
     }
-    let p = plan(size, 0..size);
-    let mut stack: Vec<ChainingValue> = vec![*key.as_bytes()];
-    let mut nodes = p.nodes.iter();
-    for chunk in p.tree.ranges_pre_order_chunks_iter_ref(&p.ranges, 0) {
-        match chunk {
-            BaoChunk::Parent {
-                node,
-                is_root,
-                left,
-                right,
-                ..
-            } => {
-                let Some((n, o)) = nodes.next() else {
-                    return false;
-                };
-                let Some(pair) = outboard.get(*o as usize..(*o + PAIR) as usize) else {
-                    return false;
-                };
-                let (l, r) = pair.split_at(32);
-                let l: ChainingValue = l.try_into().expect("32 bytes");
-                let r: ChainingValue = r.try_into().expect("32 bytes");
-                if *n != node || stack.pop() != Some(parent(&l, &r, is_root)) {
-                    return false;
-                }
-                if right {
-                    stack.push(r);
-                }
-                if left {
-                    stack.push(l);
-                }
-            }
-            BaoChunk::Leaf { .. } => {
-                stack.pop();
-            }
-        }
-    }
-    true
+    let pair = |o: u64| {
+        outboard
+            .get(o as usize..(o + PAIR) as usize)?
+            .try_into()
+            .ok()
+    };
+    walk(key, &plan(size, 0..size), pair, |_, _| Ok(())).is_ok()
 }
 
 #[cfg(test)]
