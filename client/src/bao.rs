@@ -157,10 +157,21 @@ impl std::fmt::Debug for Encoded {
 /// [`Error::InvalidRange`] when the range starts past the blob's end;
 /// the store's errors.
 pub async fn encode(store: &crate::Store, key: &Key, range: Range<u64>) -> Result<Option<Encoded>> {
-    let Some(meta) = store.stat(key).await? else {
-        return Ok(None);
-    };
-    let size = meta.size;
+    match store.stat(key).await? {
+        Some(meta) => encode_entry(store, &meta, range).await,
+        None => Ok(None),
+    }
+}
+
+/// [`encode`] for an entry already looked up (`Store::stat`), which a
+/// caller that checked the range against its size has: no second lookup.
+/// `None` if it was deleted since.
+pub async fn encode_entry(
+    store: &crate::Store,
+    meta: &crate::EntryMeta,
+    range: Range<u64>,
+) -> Result<Option<Encoded>> {
+    let (key, size) = (&meta.key, meta.size);
     if range.start > size {
         return Err(Error::InvalidRange {
             key: *key,

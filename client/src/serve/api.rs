@@ -345,7 +345,7 @@ async fn get_bao(
             }
         },
     };
-    let enc = crate::bao::encode(&s.store, &key, range)
+    let enc = crate::bao::encode_entry(&s.store, &meta, range)
         .await?
         .ok_or(Error::NotFound { key })?;
     let mut out = HeaderMap::new();
