@@ -396,6 +396,25 @@ pub async fn reference(c: &Client, table: &str, k: &[u8]) -> Result<(), String> 
         .map_err(|e| sqlstate(&e))
 }
 
+/// The liveness table `<pool>_refs (key bytea PRIMARY KEY, seed bigint)`
+/// of the multi-process races (each row names a key and the seed of its
+/// bytes), registered with `pool`; its name.
+pub async fn seeded_refs(c: &Client, pool: &str) -> String {
+    let table = table_name(pool, "refs");
+    c.batch_execute(&format!(
+        "CREATE TABLE {table} (key bytea PRIMARY KEY, seed bigint NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    c.execute(
+        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
+        &[&pool, &table],
+    )
+    .await
+    .unwrap();
+    table
+}
+
 /// Every key named in `table` (its column `key`) is present in `pool`.
 pub async fn all_named_keys_present(c: &Client, pool: &str, table: &str) -> bool {
     let rows = c

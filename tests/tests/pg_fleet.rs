@@ -399,18 +399,7 @@ async fn a_stopped_instance_loses_its_pins_and_recovers_by_re_putting() {
 async fn instances_in_separate_processes_race_sweeps_and_lose_nothing() {
     let c = connect().await;
     let pool = fleet_pool("fl-race", "60 seconds", "pg-lo").await;
-    let table = alkblobs_tests::pg::table_name(&pool, "refs");
-    c.batch_execute(&format!(
-        "CREATE TABLE {table} (key bytea PRIMARY KEY, seed bigint NOT NULL)"
-    ))
-    .await
-    .unwrap();
-    c.execute(
-        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
-        &[&pool, &table],
-    )
-    .await
-    .unwrap();
+    let table = alkblobs_tests::pg::seeded_refs(&c, &pool).await;
     let children: Vec<_> = (0..3)
         .map(|i| {
             std::process::Command::new(env!("CARGO_BIN_EXE_alkblobs-test-helper"))
@@ -460,18 +449,7 @@ async fn instances_in_separate_processes_race_sweeps_and_lose_nothing() {
 async fn routed_nodes_race_the_storage_nodes_sweeps_and_lose_nothing() {
     let c = connect().await;
     let pool = fleet_pool("fl-routed", "60 seconds", "local").await;
-    let table = alkblobs_tests::pg::table_name(&pool, "refs");
-    c.batch_execute(&format!(
-        "CREATE TABLE {table} (key bytea PRIMARY KEY, seed bigint NOT NULL)"
-    ))
-    .await
-    .unwrap();
-    c.execute(
-        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
-        &[&pool, &table],
-    )
-    .await
-    .unwrap();
+    let table = alkblobs_tests::pg::seeded_refs(&c, &pool).await;
     let dir = tempfile::tempdir().unwrap();
     let node = open(&pool, FleetLarge::SharedLocal(dir.path().join("large"))).await;
     let server = alkblobs::serve::start(

@@ -178,18 +178,7 @@ async fn every_node_declares_the_pools_location() {
 async fn fleet_processes_share_an_s3_pool_and_lose_nothing() {
     let c = connect().await;
     let (pool, loc) = s3_pool("pgs3-race", false).await;
-    let table = alkblobs_tests::pg::table_name(&pool, "refs");
-    c.batch_execute(&format!(
-        "CREATE TABLE {table} (key bytea PRIMARY KEY, seed bigint NOT NULL)"
-    ))
-    .await
-    .unwrap();
-    c.execute(
-        "SELECT alkblobs_register_liveness($1, $2::text::regclass)",
-        &[&pool, &table],
-    )
-    .await
-    .unwrap();
+    let table = alkblobs_tests::pg::seeded_refs(&c, &pool).await;
     let children: Vec<_> = (0..3)
         .map(|i| {
             let args = [
