@@ -415,6 +415,25 @@ pub async fn seeded_refs(c: &Client, pool: &str) -> String {
     table
 }
 
+/// Every row of a [`seeded_refs`] table (there is one at least) names a
+/// key `store` holds with its seed's bytes (`crate::fleet_value`).
+pub async fn seeded_refs_intact(c: &Client, table: &str, store: &alkblobs::Store) {
+    let rows = c
+        .query(&format!("SELECT key, seed FROM {table}"), &[])
+        .await
+        .unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        let k = alkblobs::Key::from_slice(&r.get::<_, Vec<u8>>(0)).unwrap();
+        let v = crate::fleet_value(r.get::<_, i64>(1) as u64);
+        assert_eq!(
+            store.get(&k).await.unwrap().as_deref(),
+            Some(&v[..]),
+            "a live key lost its content"
+        );
+    }
+}
+
 /// Every key named in `table` (its column `key`) is present in `pool`.
 pub async fn all_named_keys_present(c: &Client, pool: &str, table: &str) -> bool {
     let rows = c

@@ -424,20 +424,7 @@ async fn instances_in_separate_processes_race_sweeps_and_lose_nothing() {
         "the sweeps never collected anything: the race was idle"
     );
     let s = open(&pool, FleetLarge::PgLo).await;
-    let rows = c
-        .query(&format!("SELECT key, seed FROM {table}"), &[])
-        .await
-        .unwrap();
-    assert!(!rows.is_empty());
-    for r in rows {
-        let k = Key::from_slice(&r.get::<_, Vec<u8>>(0)).unwrap();
-        let v = alkblobs_tests::fleet_value(r.get::<_, i64>(1) as u64);
-        assert_eq!(
-            s.get(&k).await.unwrap().as_deref(),
-            Some(&v[..]),
-            "a live key lost its content"
-        );
-    }
+    alkblobs_tests::pg::seeded_refs_intact(&c, &table, &s).await;
 }
 
 /// Two kv-only nodes in their own processes route large content to a
@@ -502,20 +489,7 @@ async fn routed_nodes_race_the_storage_nodes_sweeps_and_lose_nothing() {
         swept > 0,
         "the storage node's sweeps never collected anything"
     );
-    let rows = c
-        .query(&format!("SELECT key, seed FROM {table}"), &[])
-        .await
-        .unwrap();
-    assert!(!rows.is_empty());
-    for r in rows {
-        let k = Key::from_slice(&r.get::<_, Vec<u8>>(0)).unwrap();
-        let v = alkblobs_tests::fleet_value(r.get::<_, i64>(1) as u64);
-        assert_eq!(
-            node.get(&k).await.unwrap().as_deref(),
-            Some(&v[..]),
-            "a live key lost its content"
-        );
-    }
+    alkblobs_tests::pg::seeded_refs_intact(&c, &table, &node).await;
     server
         .shutdown(std::time::Duration::from_secs(5))
         .await

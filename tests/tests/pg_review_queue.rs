@@ -104,6 +104,18 @@ async fn routes_two_of_three(c: &Client, pool: &str, table: &str) {
     );
 }
 
+/// Planner settings under which a `DELETE … WHERE … IN (SELECT … LIMIT n
+/// …)` becomes a nested-loop semi-join rescanning its subquery per row
+/// (what once took a batch past its bound), for this connection.
+async fn force_rescanning_plan(c: &Client) {
+    c.batch_execute(
+        "SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off;
+         SET enable_sort = off; SET enable_hashagg = off;",
+    )
+    .await
+    .unwrap();
+}
+
 /// One sweep call: (reviewed, staged, deleted, audit, missed).
 async fn sweep(c: &Client, pool: &str) -> (i64, i64, i64, Option<String>, Option<i64>) {
     let r = c
@@ -341,12 +353,7 @@ async fn liveness_deletions_are_routed_by_any_sweep_and_collected() {
 async fn batches_hold_their_bound_under_a_rescanning_plan() {
     let c = connect().await;
     ensure_extension(&c).await;
-    c.batch_execute(
-        "SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off;
-         SET enable_sort = off; SET enable_hashagg = off;",
-    )
-    .await
-    .unwrap();
+    force_rescanning_plan(&c).await;
     // Liveness deletions of a 'mark' pool's table: routed (dropped) two
     // by two.
     let (pool, table) = mark_pool_with_3_deletions(&c, "q-bound", "1 second").await;
@@ -404,12 +411,7 @@ async fn batches_hold_their_bound_under_a_rescanning_plan() {
 async fn bounded_routing_races_liveness_deletes_at_every_isolation_level() {
     let c = connect().await;
     ensure_extension(&c).await;
-    c.batch_execute(
-        "SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off;
-         SET enable_sort = off; SET enable_hashagg = off;",
-    )
-    .await
-    .unwrap();
+    force_rescanning_plan(&c).await;
     for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
         let (pool, table) = qpool_with_table(&c, "q-bound-iso").await;
         let k = garbage(&c, &pool, format!("q-bound-iso {level}").as_bytes()).await;

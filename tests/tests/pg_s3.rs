@@ -215,20 +215,7 @@ async fn fleet_processes_share_an_s3_pool_and_lose_nothing() {
         "the sweeps never collected anything: the race was idle"
     );
     let s = fleet(&pool, &loc).await;
-    let rows = c
-        .query(&format!("SELECT key, seed FROM {table}"), &[])
-        .await
-        .unwrap();
-    assert!(!rows.is_empty());
-    for r in rows {
-        let k = Key::from_slice(&r.get::<_, Vec<u8>>(0)).unwrap();
-        let v = alkblobs_tests::fleet_value(r.get::<_, i64>(1) as u64);
-        assert_eq!(
-            s.get(&k).await.unwrap().as_deref(),
-            Some(&v[..]),
-            "a live key lost its content"
-        );
-    }
+    alkblobs_tests::pg::seeded_refs_intact(&c, &table, &s).await;
 }
 
 /// The dedup-versus-delete race across instances: instance B's sweep has
