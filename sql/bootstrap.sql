@@ -387,6 +387,25 @@ CREATE TABLE alkblobs.sweeps (
 );
 CREATE INDEX sweeps_by_pool ON alkblobs.sweeps (pool, started);
 
+-- The last verify of each pool (alkblobs_verify_finished): when it ran,
+-- who ran it, whether it walked the whole record, what it checked and
+-- found. damaged_since is set by a run that found content missing or
+-- corrupt and cleared only by a whole run that found neither;
+-- alkblobs_health is 'critical' while it is set. (0.8.0)
+CREATE TABLE alkblobs.verifies (
+    pool          integer CONSTRAINT verifies_pkey PRIMARY KEY,
+    role          name NOT NULL,
+    started       timestamptz NOT NULL,
+    finished      timestamptz NOT NULL,
+    whole         boolean NOT NULL,
+    checked       bigint NOT NULL,
+    bytes         bigint NOT NULL,
+    missing       bigint NOT NULL,
+    corrupt       bigint NOT NULL,
+    unrecorded    bigint NOT NULL,
+    damaged_since timestamptz
+);
+
 -- Per-pool sweep bookkeeping alkblobs_health reads in O(1), independent of
 -- the history's retention: when a sweep last completed, and since when the
 -- pool is tracked (its creation, or the upgrade to 0.6.0).
@@ -477,6 +496,7 @@ SELECT pg_catalog.pg_extension_config_dump('alkblobs.single_roots', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweeps_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.sweep_state', '');
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.verifies', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.schedule', '');
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.pool_locks', '');
 

@@ -234,7 +234,11 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_explain(text, bytea),
     @extschema@.alkblobs_list(text, bytea, integer, text),
     @extschema@.alkblobs_single_staged(text, bytea, integer, bigint),
-    @extschema@.alkblobs_single_roots(text, bytea, integer, bytea[])
+    @extschema@.alkblobs_single_roots(text, bytea, integer, bytea[]),
+    @extschema@.alkblobs_verify_records(text, bytea, integer),
+    @extschema@.alkblobs_verify_lookup(text, bytea[]),
+    @extschema@.alkblobs_verify_sources(text),
+    @extschema@.alkblobs_verify_finished(text, timestamptz, boolean, bigint, bigint, bigint, bigint, bigint)
   TO alkblobs_reader;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_put(text, bytea, bytea, text),

@@ -57,6 +57,22 @@ pub enum Error {
         /// The first byte of the first damaged chunk group.
         offset: u64,
     },
+    /// The pool records the key (an entry, a published file) but its
+    /// content is gone from the tier: a large object unlinked, an object
+    /// deleted from the bucket, a file removed behind the store's back.
+    /// An integrity failure, not "never stored" (SQLSTATE AB006 at the
+    /// extension).
+    #[error(
+        "blob {key} is recorded in {engine} but its content is lost ({detail}); restore it by putting the original bytes again (alkblobs put, or a verified put from a node that holds them), then run alkblobs verify"
+    )]
+    Lost {
+        /// The key whose content is gone.
+        key: Key,
+        /// Where it is recorded.
+        engine: String,
+        /// What is gone.
+        detail: String,
+    },
     /// A put over the kv threshold on a store with no large tier.
     #[error(
         "blob of {size} bytes is over the kv threshold of {threshold} bytes and this store is kv-only (no large tier); configure a large tier or route large content to a storage node"
@@ -225,6 +241,8 @@ pub enum ErrorKind {
     /// Content does not match its key: stored corruption or a put whose
     /// bytes are not the claimed key ([`Error::Corrupt`], [`Error::HashMismatch`]).
     Corrupt,
+    /// The pool records the key but its content is gone ([`Error::Lost`]).
+    Lost,
     /// Over the kv threshold in kv-only mode ([`Error::TooLarge`]).
     TooLarge,
     /// The caller's input is malformed or unreadable: a key, a range, a
@@ -258,6 +276,7 @@ impl Error {
             Error::HashMismatch { .. } | Error::Corrupt { .. } | Error::CorruptAt { .. } => {
                 ErrorKind::Corrupt
             }
+            Error::Lost { .. } => ErrorKind::Lost,
             Error::TooLarge { .. } => ErrorKind::TooLarge,
             Error::InvalidKey(_) | Error::InvalidRange { .. } | Error::Input { .. } => {
                 ErrorKind::InvalidInput
@@ -293,6 +312,7 @@ impl Error {
 /// | class `08` connection exception, `57P01`–`57P03` admin shutdown / cannot connect now, `53300` too many connections | [`ErrorKind::Unavailable`] |
 /// | `AB002` content not present | [`ErrorKind::Collected`] |
 /// | `AB001` hash mismatch, `AB005` the key is stored with other bytes (a server that trusts writers' keys: one of the two is forged) | [`ErrorKind::Corrupt`] |
+/// | `AB006` the key is recorded but its content is gone (a large object unlinked behind the pool's back) | [`ErrorKind::Lost`] |
 /// | `42501` insufficient privilege, `3F000` no schema (extension missing), `42883` undefined function (wrong extension version) | [`ErrorKind::Config`] |
 /// | `22P02`, `22023`, `22004`, `22003` invalid input | [`ErrorKind::InvalidInput`] |
 /// | anything else | [`ErrorKind::Engine`] |
@@ -303,6 +323,7 @@ pub fn sqlstate_kind(code: &str) -> ErrorKind {
         c if c.starts_with("08") => ErrorKind::Unavailable,
         "AB002" => ErrorKind::Collected,
         "AB001" | "AB005" => ErrorKind::Corrupt,
+        "AB006" => ErrorKind::Lost,
         "42501" | "3F000" | "42883" => ErrorKind::Config,
         "22P02" | "22023" | "22004" | "22003" => ErrorKind::InvalidInput,
         _ => ErrorKind::Engine,
@@ -339,6 +360,15 @@ impl Error {
             (ErrorKind::Conflict, _) => Error::Conflict { engine, source },
             (ErrorKind::Unavailable, _) => Error::Unavailable { engine, source },
             (ErrorKind::Collected, Some(key)) => Error::Collected { key },
+            (ErrorKind::Lost, Some(key)) => Error::Lost {
+                key,
+                // (The driver's own text is its kind; the server's
+                // message is its source.)
+                detail: std::error::Error::source(&*source)
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| source.to_string()),
+                engine,
+            },
             (kind, _) => Error::Database {
                 engine,
                 sqlstate: code.to_owned(),

@@ -43,6 +43,7 @@ pub mod outboard;
 mod pager;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;
+pub mod record;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod store;

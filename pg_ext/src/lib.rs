@@ -96,6 +96,11 @@ pgrx::extension_sql_file!(
     name = "api_93_explain",
     requires = ["api_92_health"]
 );
+pgrx::extension_sql_file!(
+    "../../sql/api/94-verify.sql",
+    name = "api_94_verify",
+    requires = ["api_93_explain"]
+);
 pgrx::extension_sql_file!("../../sql/finalize.sql", name = "finalize", finalize);
 
 /// The key of a value: its BLAKE3 hash (32 bytes). Public and harmless, for

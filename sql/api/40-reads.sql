@@ -35,6 +35,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     pid integer;
+    o oid;
 BEGIN
     -- alkblobs.may's rules for 'read', inline (one source: 10-helpers.sql).
     SELECT p.id INTO pid FROM alkblobs.pools p WHERE p.name = $1
@@ -47,7 +48,19 @@ BEGIN
     IF length($2) IS DISTINCT FROM 32 THEN
         PERFORM alkblobs.check_key($2);
     END IF;
-    RETURN QUERY SELECT e.size, e.tier, e.created_at FROM alkblobs.entries e WHERE e.pool = pid AND e.key = $2;
+    SELECT e.size, e.tier, e.created_at, e.loid INTO size, tier, created_at, o
+      FROM alkblobs.entries e WHERE e.pool = pid AND e.key = $2;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    -- A large-object entry whose large object is gone is lost, not
+    -- present (one catalog probe, for 'lo' entries only).
+    IF tier = 'lo' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = o) THEN
+        RAISE EXCEPTION 'alkblobs pool "%": the entry % is recorded but its large object is gone', $1, $2
+            USING ERRCODE = 'AB006',
+                  HINT = 'Put the original bytes again to restore it; alkblobs verify lists every such key.';
+    END IF;
+    RETURN NEXT;
 END $$;
 
 -- Entries of one tier ('kv' or 'lo', NULL: both) with key > after, in key

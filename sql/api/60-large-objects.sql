@@ -148,14 +148,24 @@ BEGIN
             RAISE EXCEPTION 'could not store key % in pool "%": it kept being deleted concurrently', encode($2, 'hex'), pl.name
                 USING ERRCODE = 'serialization_failure', HINT = 'Retry the put.';
         END IF;
-        IF h.hash IS NULL AND NOT alkblobs.holds(pl.id, $2, NULL, $3, h.size) THEN
-            PERFORM alkblobs.refuse_other_content(pl, $2, NULL);  -- keys trusted: see alkblobs.holds
+        -- An entry whose large object is gone (unlinked behind the pool's
+        -- back: content lost, AB006 to readers) takes this upload's
+        -- object: a put of the original bytes restores it. (Where keys
+        -- are trusted, as for the first writer of a key: nothing is left
+        -- to compare with.)
+        UPDATE alkblobs.entries e SET loid = $3, outboard = coalesce($5, e.outboard)
+         WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo'
+           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = e.loid);
+        IF NOT FOUND THEN
+            IF h.hash IS NULL AND NOT alkblobs.holds(pl.id, $2, NULL, $3, h.size) THEN
+                PERFORM alkblobs.refuse_other_content(pl, $2, NULL);  -- keys trusted: see alkblobs.holds
+            END IF;
+            -- A dedup hit: the existing entry stays, the new object goes.
+            -- An entry stored before outboards gets this one.
+            PERFORM pg_catalog.lo_unlink($3);
+            UPDATE alkblobs.entries e SET outboard = $5
+             WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo' AND e.outboard IS NULL AND $5 IS NOT NULL;
         END IF;
-        -- A dedup hit: the existing entry stays, the new object goes. An
-        -- entry stored before outboards gets this one.
-        PERFORM pg_catalog.lo_unlink($3);
-        UPDATE alkblobs.entries e SET outboard = $5
-         WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo' AND e.outboard IS NULL AND $5 IS NOT NULL;
     END IF;
     DELETE FROM alkblobs.staged s WHERE s.pool = pl.id AND s.key = $2;
     IF $4 IS NOT NULL THEN
@@ -186,6 +196,13 @@ BEGIN
     SELECT e.loid INTO o FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo';
     IF NOT FOUND THEN
         RETURN NULL;
+    END IF;
+    -- Recorded, its large object gone (unlinked behind the pool's back,
+    -- or not restored): a loss, never "absent" (lo_get would say 42704).
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = o) THEN
+        RAISE EXCEPTION 'alkblobs pool "%": the entry % is recorded but its large object % is gone', $1, $2, o
+            USING ERRCODE = 'AB006',
+                  HINT = 'Put the original bytes again to restore it; alkblobs verify lists every such key.';
     END IF;
     RETURN pg_catalog.lo_get(o, $3, $4);
 END $$;

@@ -30,7 +30,9 @@ END $$;
 -- warn_after: staged rows due that long ago, pins expired that long ago,
 -- uploads abandoned that long ago, review-queue rows due that long ago;
 -- or when an audit found keys the review queue missed (the sweep
--- history's `missed`, kept for history_keep). Defaults: a scheduled pool warns after
+-- history's `missed`, kept for history_keep). 'critical' too while the
+-- last verify that found content missing or corrupt has not been followed
+-- by a whole verify that found none (alkblobs.verifies). Defaults: a scheduled pool warns after
 -- max(3 × sweep_every, 5 min) and is critical after
 -- max(10 × sweep_every, 30 min); a manual pool after 1 and 7 days.
 -- Single-instance pools are swept by their owner instance, outside the
@@ -41,7 +43,8 @@ CREATE FUNCTION alkblobs.health_rows()
 RETURNS TABLE (pool text, status text, reasons text[], mode text, sweep_every interval, scheduler text,
                last_sweep timestamptz, last_sweep_age interval, last_attempt timestamptz, last_outcome text,
                overdue_staged bigint, expired_pins bigint, abandoned_uploads bigint, abandoned_upload_bytes bigint,
-               invalid_sources bigint, warn_after interval, critical_after interval)
+               invalid_sources bigint, warn_after interval, critical_after interval,
+               last_verify timestamptz, verify_missing bigint, verify_corrupt bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
@@ -58,6 +61,7 @@ DECLARE
     since timestamptz;
     n bigint;
     missed_at timestamptz;
+    vf alkblobs.verifies;
 BEGIN
     FOR pl IN SELECT * FROM alkblobs.pools x WHERE alkblobs.may(x, 'read') ORDER BY x.name LOOP
         pool := pl.name;
@@ -163,6 +167,18 @@ BEGIN
             IF n > 0 THEN
                 why := why || format('audits found %s keys the review queue missed (the last at %s): please report it; each was staged and is collected as usual', n, missed_at);
             END IF;
+        END IF;
+        -- What the last verify found (alkblobs_verify_finished): content
+        -- recorded or referenced and gone, or corrupt, is critical until a
+        -- whole verify finds none.
+        SELECT * INTO vf FROM alkblobs.verifies v WHERE v.pool = pl.id;
+        last_verify := vf.finished;
+        verify_missing := vf.missing;
+        verify_corrupt := vf.corrupt;
+        IF vf.damaged_since IS NOT NULL THEN
+            status := 'critical';
+            why := why || format('verify found content missing or corrupt (since %s; the last run, at %s, found %s missing and %s corrupt): restore it and run a whole verify (docs/operations.md, "Verify")',
+                                 vf.damaged_since, vf.finished, vf.missing, vf.corrupt);
         END IF;
         IF status = 'ok' AND cardinality(why) > 0 THEN
             status := 'warn';

@@ -25,19 +25,24 @@ DECLARE
     ls record;
     refused boolean := false;
     hidden boolean := false;
+    lost boolean := false;
 BEGIN
     PERFORM alkblobs.require_read_committed('alkblobs_explain');
     PERFORM alkblobs.check_key($2);
-    SELECT en.size, en.tier, en.created_at INTO e FROM alkblobs.entries en WHERE en.pool = pl.id AND en.key = $2;
+    SELECT en.size, en.tier, en.created_at, en.loid INTO e FROM alkblobs.entries en WHERE en.pool = pl.id AND en.key = $2;
     has_entry := FOUND;
-    IF has_entry THEN
+    IF has_entry AND e.tier = 'lo' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = e.loid) THEN
+        lost := true;
+        aspect := 'entry';
+        detail := format('LOST: recorded (%s bytes in tier lo since %s) but its large object %s is gone', e.size, e.created_at, e.loid);
+    ELSIF has_entry THEN
         aspect := 'entry';
         detail := format('present: %s bytes in tier %s since %s', e.size, e.tier, e.created_at);
     ELSE
         aspect := 'entry';
         IF pl.large_tier IN ('local', 's3') AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2 AND f.published) THEN
             has_entry := true;
-            detail := format('present: a published file on the shared local tier, recorded %s',
+            detail := format('present: a published file on the pool''s %s tier, recorded %s', pl.large_tier,
                              (SELECT f.recorded_at FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2));
         ELSIF pl.large_tier IN ('local', 's3') AND EXISTS (SELECT 1 FROM alkblobs.files f WHERE f.pool = pl.id AND f.key = $2 AND f.deleting_since IS NOT NULL) THEN
             detail := 'absent: a sweep claimed its file and is deleting it (put it again once that is done)';
@@ -115,7 +120,11 @@ BEGIN
         RETURN NEXT;
     END IF;
     aspect := 'verdict';
-    IF cardinality(protected_by) > 0 THEN
+    IF lost THEN
+        detail := 'LOST: recorded but its content is gone' || CASE WHEN cardinality(protected_by) > 0
+                  THEN ' while protected by ' || array_to_string(protected_by, ', ') ELSE '' END
+                  || ': put the original bytes again to restore it';
+    ELSIF cardinality(protected_by) > 0 THEN
         detail := 'live: protected by ' || array_to_string(protected_by, ', ');
     ELSIF refused THEN
         detail := 'unknown: a liveness table is refused, so sweeps of this pool abort and delete nothing';

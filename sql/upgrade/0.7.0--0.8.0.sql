@@ -222,3 +222,22 @@ ALTER TABLE alkblobs.entries ADD COLUMN outboard bytea,
 ALTER TABLE alkblobs.entries VALIDATE CONSTRAINT outboard_of_lo;
 ALTER TABLE alkblobs.entries ALTER COLUMN outboard SET STORAGE EXTERNAL;
 DROP FUNCTION @extschema@.alkblobs_lo_commit(text, bytea, oid, text);
+-- The last verify of each pool (alkblobs_verify_finished), which
+-- alkblobs_health reads (three columns appended to it).
+CREATE TABLE alkblobs.verifies (
+    pool          integer CONSTRAINT verifies_pkey PRIMARY KEY,
+    role          name NOT NULL,
+    started       timestamptz NOT NULL,
+    finished      timestamptz NOT NULL,
+    whole         boolean NOT NULL,
+    checked       bigint NOT NULL,
+    bytes         bigint NOT NULL,
+    missing       bigint NOT NULL,
+    corrupt       bigint NOT NULL,
+    unrecorded    bigint NOT NULL,
+    damaged_since timestamptz
+);
+REVOKE ALL ON alkblobs.verifies FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('alkblobs.verifies', '');
+DROP VIEW @extschema@.alkblobs_health;
+DROP FUNCTION alkblobs.health_rows();

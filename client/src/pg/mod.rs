@@ -8,6 +8,7 @@ mod admin;
 mod connection;
 mod errors;
 mod info;
+mod record;
 mod tls;
 
 pub use admin::{PoolHealth, PoolSettings};
@@ -15,3 +16,4 @@ pub use connection::{EXTENSION_VERSION, PgOptions, PgPool};
 pub(crate) use connection::{InTx, finish};
 pub(crate) use errors::{db_err, rename};
 pub use info::{Flavour, PoolInfo, PoolLargeTier, PoolMode};
+pub use record::PgRecord;

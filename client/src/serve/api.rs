@@ -83,6 +83,7 @@ impl From<Error> for ApiError {
             },
             (Error::ReadOnly { .. }, _) => (StatusCode::FORBIDDEN, "read_only"),
             (_, ErrorKind::Corrupt) => (StatusCode::INTERNAL_SERVER_ERROR, "corrupt"),
+            (_, ErrorKind::Lost) => (StatusCode::INTERNAL_SERVER_ERROR, "lost"),
             (_, ErrorKind::Unavailable | ErrorKind::Conflict | ErrorKind::Closed) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }

@@ -9,6 +9,7 @@ use crate::arbiter::single::SingleNodeArbiter;
 use crate::arbiter::{Arbiter, DEFAULT_WINDOW, Pool, Scope};
 use crate::backend::sqlite::SqliteBackend;
 use crate::backend::{Backend, LargeBackend, Sharing};
+use crate::record::PoolRecord;
 use crate::{Error, Result};
 
 /// The default kv threshold: blobs up to this size live in the kv engine.
@@ -54,6 +55,7 @@ pub struct StoreBuilder {
     window: Duration,
     arbiter: ArbiterChoice,
     single_instance: bool,
+    record: Option<Arc<dyn PoolRecord>>,
 }
 
 impl Default for StoreBuilder {
@@ -66,6 +68,7 @@ impl Default for StoreBuilder {
             window: DEFAULT_WINDOW,
             arbiter: ArbiterChoice::InMemory,
             single_instance: false,
+            record: None,
         }
     }
 }
@@ -145,6 +148,15 @@ impl StoreBuilder {
         self
     }
 
+    /// The pool's record of what must exist, which `verify` walks instead
+    /// of the tiers' listings and reads consult before calling a missing
+    /// key absent (a PostgreSQL pool's presets pass it; an embedded store
+    /// has none).
+    pub fn record(mut self, record: Arc<dyn PoolRecord>) -> Self {
+        self.record = Some(record);
+        self
+    }
+
     /// Checks the configuration and builds the store.
     pub fn build(self) -> Result<Store> {
         let kv = self
@@ -181,6 +193,7 @@ impl StoreBuilder {
                 pool,
                 threshold: self.threshold,
                 arbiter,
+                record: self.record,
                 closed: std::sync::atomic::AtomicBool::new(false),
             }),
         })

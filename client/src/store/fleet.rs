@@ -44,6 +44,7 @@ use crate::backend::local::{LocalBackend, LocalOptions};
 use crate::backend::postgres::{
     PgLoBackend, PgOptions, PgPool, PoolLargeTier, PoolMode, PostgresBackend,
 };
+use crate::pg::PgRecord;
 use crate::{Error, Result};
 
 /// The large tier a fleet store declares (the fleet-validity rule).
@@ -228,6 +229,7 @@ impl Store {
         let pg = pg.pinning_for(&owner);
         // The arbiter's own two connections (renewal, releases, pin calls).
         let (control, _) = PgPool::connect(&opts.pg.clone().max_connections(2)).await?;
+        let record_info = info.clone();
         let arbiter = Arc::new(FleetArbiter::start(pg.clone(), control, info, owner).await?);
         // The object generations the database hands this instance's puts,
         // which an s3 engine names its objects by.
@@ -236,6 +238,7 @@ impl Store {
         let builder = Store::builder()
             .kv(PostgresBackend::new(pg.clone()))
             .arbiter(arbiter)
+            .record(Arc::new(PgRecord::new(pg.clone(), &record_info)))
             .threshold(opts.threshold);
         let builder = match opts.large {
             FleetLarge::PgLo => builder.large(PgLoBackend::new(pg)),

@@ -198,6 +198,9 @@ pub struct Explanation {
     pub database: Vec<ExplainRow>,
     /// One line: live and why, or what a sweep will do.
     pub verdict: String,
+    /// Set when the pool records the key but its content is gone (what
+    /// [`crate::Error::Lost`] says): an integrity failure.
+    pub lost: Option<String>,
 }
 
 /// One line of the database's explanation of a key.
@@ -232,7 +235,12 @@ impl Store {
     pub async fn explain(&self, key: &Key) -> Result<Explanation> {
         self.check_open()?;
         let arbiter = &self.inner.arbiter;
-        let entry = self.stat(key).await?;
+        // A lost key (recorded, content gone) is explained, not an error.
+        let (entry, lost) = match self.stat(key).await {
+            Ok(e) => (e, None),
+            Err(e @ crate::Error::Lost { .. }) => (None, Some(e.to_string())),
+            Err(e) => return Err(e),
+        };
         let pins_here = arbiter.pin_count(key);
         let after = predecessor(key);
         let root = match arbiter.registry() {
@@ -261,6 +269,14 @@ impl Store {
             .find(|(aspect, _)| aspect == "verdict")
             .map(|(_, d)| d.clone());
         let verdict = match (&entry, pins_here > 0, root, &staged) {
+            _ if lost.is_some() => format!(
+                "LOST: the pool records it but its content is gone{}; put the original bytes again to restore it",
+                match (&db_verdict, root) {
+                    (Some(v), _) if v.starts_with("live") => format!(" ({v})"),
+                    (_, true) => " (a root)".to_owned(),
+                    _ => String::new(),
+                }
+            ),
             _ if db_verdict.is_some() => db_verdict.unwrap_or_default(),
             (None, _, _, _) => "not in the pool: put the content to (re)create it".to_string(),
             (Some(_), true, _, _) => format!("live: pinned by this process ({pins_here} pin(s))"),
@@ -292,6 +308,7 @@ impl Store {
                 .map(|(aspect, detail)| ExplainRow { aspect, detail })
                 .collect(),
             verdict,
+            lost,
         })
     }
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use crate::arbiter::{Arbiter, Pool};
 use crate::backend::{Backend, LargeBackend};
+use crate::record::PoolRecord;
 use crate::{Error, Result};
 
 mod builder;
@@ -44,7 +45,10 @@ pub use gc::{ExplainRow, Explanation};
 pub use presets::DirOptions;
 pub use ranged::RangeCheck;
 pub use types::{EntryMeta, Put, PutInfo, PutMany, TierUsage, Usage};
-pub use verify::{CorruptEntry, VerifyOptions, VerifyProgress, VerifyReport};
+pub use verify::{
+    CorruptEntry, MalformedKey, MissingEntry, UncheckedSource, VerifyOptions, VerifyProgress,
+    VerifyReport,
+};
 
 /// Chunk size of streaming puts and reads.
 const CHUNK: usize = 1024 * 1024;
@@ -60,6 +64,8 @@ struct StoreInner {
     pool: Pool,
     threshold: u64,
     arbiter: Arc<dyn Arbiter>,
+    /// The pool's record of what must exist, where it keeps one.
+    record: Option<Arc<dyn PoolRecord>>,
     /// Set by [`Store::close`]; every operation checks it first.
     closed: std::sync::atomic::AtomicBool,
 }
@@ -88,6 +94,12 @@ impl Store {
     /// The engines as one pool (what the arbiter sweeps).
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    /// The pool's record of what must exist (a PostgreSQL pool's), if the
+    /// store has one.
+    pub fn record(&self) -> Option<&Arc<dyn PoolRecord>> {
+        self.inner.record.as_ref()
     }
 
     /// Who decides what may be deleted.

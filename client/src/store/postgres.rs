@@ -13,6 +13,7 @@ use crate::backend::local::{LocalBackend, LocalOptions};
 use crate::backend::postgres::{
     PgLoBackend, PgOptions, PgPool, PoolLargeTier, PoolMode, PostgresBackend,
 };
+use crate::pg::PgRecord;
 use crate::{Error, Result};
 
 /// Where the large tier of a single-instance PostgreSQL store lives. It
@@ -152,6 +153,7 @@ impl Store {
         let builder = Store::builder()
             .kv(PostgresBackend::new(pg.clone()))
             .arbiter(arbiter)
+            .record(Arc::new(PgRecord::new(pg.clone(), &info)))
             .threshold(opts.threshold)
             .single_instance();
         let mismatch = |asked: &str| {

@@ -47,10 +47,14 @@ impl Store {
             if let Some(v) = self.kv().get(key).await? {
                 return self.kv_range_verified(key, v, offset, len).await.map(Some);
             }
-            match self.large() {
-                Some(large) => range_verified(large, key, offset, len, false).await,
-                None => Ok(None),
+            let found = match self.large() {
+                Some(large) => range_verified(large, key, offset, len, false).await?,
+                None => None,
+            };
+            if found.is_none() {
+                self.absent_unless_lost(key).await?;
             }
+            Ok(found)
         }
         .instrument(span)
         .await
@@ -86,10 +90,14 @@ impl Store {
             let v = self.kv_range_verified(key, v, offset, len).await?;
             return Ok(Some(Box::pin(std::io::Cursor::new(v))));
         }
-        match self.large() {
-            Some(large) => reader_verified(large, key, offset, len).await,
-            None => Ok(None),
+        let found = match self.large() {
+            Some(large) => reader_verified(large, key, offset, len).await?,
+            None => None,
+        };
+        if found.is_none() {
+            self.absent_unless_lost(key).await?;
         }
+        Ok(found)
     }
 
     /// Whether `key`'s ranges can be verified without reading it whole, or

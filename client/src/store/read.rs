@@ -10,9 +10,40 @@ use tracing::Instrument;
 
 use super::{EntryMeta, Store, Tier};
 use crate::backend::{BlobReader, KeyStream, LargeBackend};
+use crate::record::Held;
 use crate::{Error, Key, Result};
 
 impl Store {
+    /// Called when no engine holds `key`: `Ok(())` (absent) unless the
+    /// pool's record says its content must be there — a published file of
+    /// a fleet's shared tier that the tier no longer holds — which is
+    /// [`Error::Lost`], not "never stored". (A large-object entry whose
+    /// object is gone is reported by its engine, from the database.) One
+    /// lookup, only on a miss, only where the tier is recorded.
+    pub(super) async fn absent_unless_lost(&self, key: &Key) -> Result<()> {
+        let Some(record) = self.inner.record.as_ref().filter(|r| r.tier_recorded()) else {
+            return Ok(());
+        };
+        let Some(large) = self.large() else {
+            return Ok(());
+        };
+        let found = record.lookup(&[key.as_bytes().to_vec()]).await?;
+        let Some(Held::File { generation }) = found.first().and_then(|r| r.held) else {
+            return Ok(());
+        };
+        // Not a put that published it between the read and the lookup.
+        if large.has(key).await? {
+            return Ok(());
+        }
+        Err(Error::Lost {
+            key: *key,
+            engine: large.to_string(),
+            detail: format!(
+                "the pool records it as published (object generation {generation}) and the tier does not hold it"
+            ),
+        })
+    }
+
     /// The kv engine's answer, else the large engine's: the one fall-through.
     pub(super) async fn first<'a, T, L, LF>(
         &'a self,
@@ -45,6 +76,7 @@ impl Store {
             .instrument(span)
             .await?;
         let Some((v, tier)) = found else {
+            self.absent_unless_lost(key).await?;
             return Ok(None);
         };
         // Off the async workers, on every core when big.
@@ -63,12 +95,16 @@ impl Store {
     pub async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.check_open()?;
         let span = tracing::debug_span!("get_range", %key, offset, len);
-        self.first(self.kv().get_range(key, offset, len), |l| {
-            l.read_range(key, offset, len)
-        })
-        .instrument(span)
-        .await
-        .map(|o| o.map(|(v, _)| v))
+        let found = self
+            .first(self.kv().get_range(key, offset, len), |l| {
+                l.read_range(key, offset, len)
+            })
+            .instrument(span)
+            .await?;
+        if found.is_none() {
+            self.absent_unless_lost(key).await?;
+        }
+        Ok(found.map(|(v, _)| v))
     }
 
     /// A streaming reader over the blob, or `None`.
@@ -81,9 +117,11 @@ impl Store {
                 .await?
                 .map(|b| Box::pin(std::io::Cursor::new(b)) as BlobReader))
         };
-        self.first(kv, |l| l.open_read(key))
-            .await
-            .map(|o| o.map(|(r, _)| r))
+        let found = self.first(kv, |l| l.open_read(key)).await?;
+        if found.is_none() {
+            self.absent_unless_lost(key).await?;
+        }
+        Ok(found.map(|(r, _)| r))
     }
 
     /// Whether the key is present now. Not a promise: see [`Store::pin`].
@@ -101,14 +139,15 @@ impl Store {
     /// Size and tier from the cheap length probe; never loads the value.
     pub async fn stat(&self, key: &Key) -> Result<Option<EntryMeta>> {
         self.check_open()?;
-        Ok(self
-            .first(self.kv().size(key), |l| l.size(key))
-            .await?
-            .map(|(size, tier)| EntryMeta {
-                key: *key,
-                size,
-                tier,
-            }))
+        let found = self.first(self.kv().size(key), |l| l.size(key)).await?;
+        if found.is_none() {
+            self.absent_unless_lost(key).await?;
+        }
+        Ok(found.map(|(size, tier)| EntryMeta {
+            key: *key,
+            size,
+            tier,
+        }))
     }
 
     /// Every key in the pool, ascending, each once, streamed.

@@ -1,16 +1,18 @@
 //! Verification: verified reads (whole and streaming) and the scrub that
-//! re-hashes every entry of the pool.
+//! checks the pool against its record of what must exist (a PostgreSQL
+//! pool's database; an embedded store's engines and roots).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
 use super::put::hash;
 use super::{Store, Tier};
 use crate::backend::{Backend, BlobReader};
+use crate::record::{Held, PoolRecord, Record};
 use crate::{Error, Key, Result, outboard};
 
 /// One damaged entry.
@@ -24,20 +26,78 @@ pub struct CorruptEntry {
     pub detail: String,
 }
 
+/// A key whose content must be there and is not: recorded by the pool (an
+/// entry, a published file) or referenced (a root, a liveness row), and
+/// re-checked against the record before it was reported.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MissingEntry {
+    /// The key.
+    pub key: Key,
+    /// What references it: `root`, or `liveness <table>`; empty when only
+    /// the pool's record names it.
+    pub referenced_by: Vec<String>,
+    /// What the pool records for it: `kv`, `large_object`,
+    /// `large_object_lost`, `file`, or `none` (only references name it).
+    pub recorded: String,
+}
+
+/// A key of the record that is not a key (a liveness row of the wrong
+/// length): named, never checked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MalformedKey {
+    /// The value, in hex.
+    pub value: String,
+    /// What holds it.
+    pub referenced_by: Vec<String>,
+}
+
+/// A reference this verify could not check; see [`VerifyReport::unchecked_sources`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UncheckedSource {
+    /// The source, e.g. `liveness app.refs`.
+    pub source: String,
+    /// Why it was not read.
+    pub problem: String,
+}
+
 /// The outcome of [`Store::verify`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct VerifyReport {
-    /// Entries re-hashed.
+    /// Entries re-hashed (corrupt ones included).
     pub checked: u64,
-    /// Bytes re-hashed.
+    /// Bytes re-hashed (corrupt ones included).
     pub bytes: u64,
     /// Entries whose content or recorded size does not match their key.
     pub corrupt: Vec<CorruptEntry>,
-    /// Roots (declared live) with no entry in the pool.
-    pub missing: Vec<Key>,
-    /// Entries listed but gone by the time they were read (a concurrent
-    /// sweep); not an error.
+    /// Keys whose content must be there and is gone: recorded by a
+    /// PostgreSQL pool or referenced (a root, a liveness row), content
+    /// absent. An embedded store's large tier is its own index, so there
+    /// only a root without content is missing.
+    pub missing: Vec<MissingEntry>,
+    /// Keys the record or a reference names that are not keys.
+    pub malformed: Vec<MalformedKey>,
+    /// Objects of the large tier that no record names (a pool whose tier
+    /// records each object: a fleet's `local` or `s3`): left by a crash,
+    /// or by a loss of the database's rows. Not an integrity failure; the
+    /// pool's next audit stages them (`alkblobs_request_audit`), and they
+    /// go a delete window later.
+    pub unrecorded: Vec<Key>,
+    /// Keys listed but gone by the time they were read (a concurrent
+    /// sweep), or recorded and gone but no longer recorded at the re-check;
+    /// not an error.
     pub vanished: u64,
+    /// Keys with a file record not yet published (a put in flight) or
+    /// being deleted (a tombstone): not checked, not missing.
+    pub in_flight: u64,
+    /// Keys named only by liveness tables registered with forward
+    /// references and not put yet: not missing.
+    pub forward: u64,
+    /// References that could not be checked (a liveness table the caller
+    /// may not read, or that fails validation): a key only they name is
+    /// not checked.
+    pub unchecked_sources: Vec<UncheckedSource>,
+    /// Whether the whole pool was verified (not a slice of it).
+    pub whole: bool,
     /// Large blobs whose content is intact but that have no outboard
     /// (stored before outboards existed): their ranges are verified by
     /// reading them whole until [`VerifyOptions::repair_outboards`].
@@ -50,13 +110,30 @@ pub struct VerifyReport {
 }
 
 /// How [`Store::verify_with_options`] runs.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct VerifyOptions {
     /// Store the outboard of every intact large blob that has none or a
     /// damaged one (computed in the same pass that re-hashes it). Needs a
     /// writable store.
     pub repair_outboards: bool,
+    /// Blobs read and hashed at once (at least 1).
+    pub jobs: usize,
+    /// Verify only keys after this one (a resumed or sliced run).
+    pub after: Option<Key>,
+    /// Verify only keys up to this one, inclusive.
+    pub until: Option<Key>,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            repair_outboards: false,
+            jobs: 2,
+            after: None,
+            until: None,
+        }
+    }
 }
 
 impl VerifyOptions {
@@ -64,6 +141,34 @@ impl VerifyOptions {
     pub fn repair_outboards(mut self, yes: bool) -> Self {
         self.repair_outboards = yes;
         self
+    }
+
+    /// Blobs read and hashed at once.
+    pub fn jobs(mut self, jobs: usize) -> Self {
+        self.jobs = jobs.max(1);
+        self
+    }
+
+    /// Only keys after `key` (exclusive): resume after the last key a run
+    /// reached.
+    pub fn after(mut self, key: Option<Key>) -> Self {
+        self.after = key;
+        self
+    }
+
+    /// Only keys up to `key` (inclusive).
+    pub fn until(mut self, key: Option<Key>) -> Self {
+        self.until = key;
+        self
+    }
+
+    fn whole(&self) -> bool {
+        self.after.is_none() && self.until.is_none()
+    }
+
+    fn in_range(&self, key: &[u8]) -> bool {
+        self.after.is_none_or(|a| key > a.as_bytes().as_slice())
+            && self.until.is_none_or(|u| key <= u.as_bytes().as_slice())
     }
 }
 
@@ -81,12 +186,18 @@ pub struct VerifyProgress {
     pub checked: u64,
     /// Bytes re-hashed so far.
     pub bytes: u64,
+    /// The last key reached (a run stopped here resumes with
+    /// [`VerifyOptions::after`]).
+    pub at: Option<Key>,
 }
 
 enum Check {
     Ok(u64, Outboard),
     Vanished,
-    Corrupt(String),
+    /// The bytes read, and what was wrong.
+    Corrupt(u64, String),
+    /// Recorded, content gone ([`Error::Lost`] from the engine).
+    Lost,
 }
 
 /// A large blob's stored outboard against the one its bytes give.
@@ -106,15 +217,25 @@ async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Che
         Tier::Kv => store.kv().as_ref(),
         Tier::Large => store.large_engine()?.as_ref(),
     };
-    let Some(recorded) = engine.size(key).await? else {
-        return Ok(Check::Vanished);
+    let lost = |e: Error| match e {
+        Error::Lost { .. } => Ok(Check::Lost),
+        e => Err(e),
+    };
+    let recorded = match engine.size(key).await {
+        Ok(Some(n)) => n,
+        Ok(None) => return Ok(Check::Vanished),
+        Err(e) => return lost(e),
     };
     let reader = match tier {
         Tier::Kv => engine
             .get(key)
-            .await?
-            .map(|b| Box::pin(std::io::Cursor::new(b)) as BlobReader),
-        Tier::Large => store.large_engine()?.open_read(key).await?,
+            .await
+            .map(|v| v.map(|b| Box::pin(std::io::Cursor::new(b)) as BlobReader)),
+        Tier::Large => store.large_engine()?.open_read(key).await,
+    };
+    let reader = match reader {
+        Ok(r) => r,
+        Err(e) => return lost(e),
     };
     let Some(mut reader) = reader else {
         return Ok(Check::Vanished);
@@ -127,7 +248,12 @@ async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Che
     loop {
         let got = match reader.read(&mut buf).await {
             Ok(g) => g,
-            Err(e) => return Ok(Check::Corrupt(format!("unreadable after {n} bytes: {e}"))),
+            Err(e) => {
+                return Ok(Check::Corrupt(
+                    n,
+                    format!("unreadable after {n} bytes: {e}"),
+                ));
+            }
         };
         if got == 0 {
             break;
@@ -145,12 +271,13 @@ async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Che
                 "; the first damaged 16 KiB group starts at byte {at}"
             ));
         }
-        return Ok(Check::Corrupt(detail));
+        return Ok(Check::Corrupt(n, detail));
     }
     if n != recorded {
-        return Ok(Check::Corrupt(format!(
-            "recorded size is {recorded} bytes but the content has {n}"
-        )));
+        return Ok(Check::Corrupt(
+            n,
+            format!("recorded size is {recorded} bytes but the content has {n}"),
+        ));
     }
     if tier == Tier::Kv || computed.is_empty() {
         return Ok(Check::Ok(n, Outboard::Good));
@@ -251,58 +378,356 @@ impl Store {
             .await
     }
 
-    /// [`Store::verify`] with options (repairing outboards) and a progress
-    /// callback.
+    /// [`Store::verify`] with options (repairing outboards, parallel reads,
+    /// a slice of the key space) and a progress callback.
+    ///
+    /// A store whose pool keeps a record of what must exist (a PostgreSQL
+    /// pool, single-instance or fleet: [`Store::record`]) walks that
+    /// record, in key order, a page at a time: every recorded key is read
+    /// and hashed, and a recorded or referenced key whose content is gone
+    /// is [`VerifyReport::missing`] — re-checked against the record first,
+    /// so a put in flight or a key a sweep is deleting is not — and the run
+    /// goes on to the end. Then, where the tier records each object, its
+    /// listing is compared with the record ([`VerifyReport::unrecorded`]).
+    /// The outcome is kept in the pool's database (`alkblobs_health`).
+    ///
+    /// An embedded store has no such record: its engines' listings are
+    /// its index, and only a root without content can be missing.
     pub async fn verify_with_options(
         &self,
         opts: VerifyOptions,
         progress: impl Fn(VerifyProgress),
     ) -> Result<VerifyReport> {
         self.check_open()?;
-        let mut report = VerifyReport::default();
+        let mut report = VerifyReport {
+            whole: opts.whole(),
+            ..VerifyReport::default()
+        };
+        match self.inner.record.clone() {
+            Some(record) => {
+                let started = std::time::SystemTime::now();
+                self.verify_record(record.as_ref(), &opts, &progress, &mut report)
+                    .await?;
+                if record.tier_recorded() && self.large().is_some() {
+                    self.find_unrecorded(record.as_ref(), &opts, &mut report)
+                        .await?;
+                }
+                record
+                    .finished(&crate::record::VerifyOutcome {
+                        started,
+                        whole: report.whole,
+                        checked: report.checked,
+                        bytes: report.bytes,
+                        missing: report.missing.len() as u64,
+                        corrupt: report.corrupt.len() as u64,
+                        unrecorded: report.unrecorded.len() as u64,
+                    })
+                    .await?;
+            }
+            None => self.verify_listings(&opts, &progress, &mut report).await?,
+        }
+        Ok(report)
+    }
+
+    /// An embedded store: every entry its engines list, then every root.
+    async fn verify_listings(
+        &self,
+        opts: &VerifyOptions,
+        progress: &impl Fn(VerifyProgress),
+        report: &mut VerifyReport,
+    ) -> Result<()> {
         let tiers = std::iter::once(Tier::Kv).chain(self.large().map(|_| Tier::Large));
         for tier in tiers {
-            let mut keys = match tier {
+            let keys = match tier {
                 Tier::Kv => self.kv().list(),
                 Tier::Large => self.large_engine()?.list(),
             };
-            while let Some(key) = keys.try_next().await? {
-                match check(self, tier, &key, opts.repair_outboards).await? {
-                    Check::Ok(n, ob) => {
-                        report.checked += 1;
-                        report.bytes += n;
-                        match ob {
-                            Outboard::Good => {}
-                            Outboard::Missing => report.outboards_missing += 1,
-                            Outboard::Damaged => {
-                                tracing::warn!(%key, "damaged outboard");
-                                report.outboards_damaged += 1;
-                            }
-                        }
-                        if ob != Outboard::Good && opts.repair_outboards {
-                            report.outboards_repaired += 1;
-                        }
-                    }
-                    Check::Vanished => report.vanished += 1,
-                    Check::Corrupt(detail) => {
-                        report.checked += 1;
-                        tracing::warn!(%key, %tier, %detail, "corrupt entry");
-                        report.corrupt.push(CorruptEntry { key, tier, detail });
-                    }
+            let checks = keys
+                .try_filter(|k| std::future::ready(opts.in_range(k.as_bytes())))
+                .map_ok(|key| async move {
+                    let c = check(self, tier, &key, opts.repair_outboards).await?;
+                    Ok::<_, Error>((key, c))
+                })
+                .try_buffered(opts.jobs.max(1));
+            futures::pin_mut!(checks);
+            while let Some((key, c)) = checks.try_next().await? {
+                if let Some(Check::Lost | Check::Vanished) = tally(report, tier, key, c, opts) {
+                    report.vanished += 1;
                 }
                 progress(VerifyProgress {
                     checked: report.checked,
                     bytes: report.bytes,
+                    at: Some(key),
                 });
             }
         }
         let mut roots = self.roots();
         while let Some(root) = roots.try_next().await? {
-            if !self.has(&root).await? {
-                report.missing.push(root);
+            if opts.in_range(root.as_bytes()) && !self.has(&root).await? {
+                report.missing.push(MissingEntry {
+                    key: root,
+                    referenced_by: vec!["root".to_owned()],
+                    recorded: "none".into(),
+                });
             }
         }
-        Ok(report)
+        Ok(())
+    }
+
+    /// A pool with a record: walk it, page by page.
+    async fn verify_record(
+        &self,
+        record: &dyn PoolRecord,
+        opts: &VerifyOptions,
+        progress: &impl Fn(VerifyProgress),
+        report: &mut VerifyReport,
+    ) -> Result<()> {
+        report.unchecked_sources = record
+            .unchecked_sources()
+            .await?
+            .into_iter()
+            .map(|(source, problem)| UncheckedSource { source, problem })
+            .collect();
+        let mut after: Option<Vec<u8>> = opts.after.map(|k| k.as_bytes().to_vec());
+        loop {
+            let page = record.page(after.as_deref(), RECORD_PAGE).await?;
+            let Some(last) = page.last() else {
+                return Ok(());
+            };
+            after = Some(last.key.clone());
+            let full = page.len() == RECORD_PAGE;
+            let past_end = |r: &Record| {
+                opts.until
+                    .is_some_and(|u| r.key.as_slice() > u.as_bytes().as_slice())
+            };
+            let done = !full || page.last().is_some_and(past_end);
+            let page: Vec<Record> = page.into_iter().filter(|r| !past_end(r)).collect();
+            // Each record's content, `jobs` at a time, in key order.
+            let checks = futures::stream::iter(page.into_iter().map(|r| async move {
+                let c = self.check_record(&r, opts).await?;
+                Ok::<_, Error>((r, c))
+            }))
+            .buffered(opts.jobs.max(1));
+            futures::pin_mut!(checks);
+            let mut suspects: Vec<Vec<u8>> = Vec::new();
+            while let Some((r, c)) = checks.try_next().await? {
+                match (r.key(), c) {
+                    (_, RecordCheck::Skip) => {}
+                    (None, _) => report.malformed.push(MalformedKey {
+                        value: hex(&r.key),
+                        referenced_by: r.refs.clone(),
+                    }),
+                    (Some(key), RecordCheck::Content(tier, c)) => {
+                        if let Some(Check::Lost | Check::Vanished) =
+                            tally(report, tier, key, c, opts)
+                        {
+                            suspects.push(r.key.clone());
+                        }
+                    }
+                    (Some(_), RecordCheck::Gone) => suspects.push(r.key.clone()),
+                    (Some(_), RecordCheck::InFlight) => report.in_flight += 1,
+                    (Some(_), RecordCheck::Forward) => report.forward += 1,
+                }
+                progress(VerifyProgress {
+                    checked: report.checked,
+                    bytes: report.bytes,
+                    at: r.key(),
+                });
+            }
+            self.recheck(record, suspects, opts, report).await?;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// What one key of the record needs.
+    async fn check_record(&self, r: &Record, opts: &VerifyOptions) -> Result<RecordCheck> {
+        let Some(key) = r.key() else {
+            // (Named as malformed by the caller.)
+            return Ok(RecordCheck::Gone);
+        };
+        Ok(match r.held {
+            Some(Held::Kv) => RecordCheck::Content(
+                Tier::Kv,
+                check(self, Tier::Kv, &key, opts.repair_outboards).await?,
+            ),
+            Some(Held::LargeObject | Held::File { .. }) => match self.large() {
+                Some(_) => RecordCheck::Content(
+                    Tier::Large,
+                    check(self, Tier::Large, &key, opts.repair_outboards).await?,
+                ),
+                // A node without the pool's large tier (kv-only, routed
+                // through another node) cannot read it: not a loss here.
+                None => RecordCheck::Skip,
+            },
+            Some(Held::LargeObjectLost) => RecordCheck::Gone,
+            Some(Held::InFlight | Held::Deleting) => RecordCheck::InFlight,
+            None if r.forward_only() => RecordCheck::Forward,
+            None => RecordCheck::Gone,
+        })
+    }
+
+    /// Keys found without their content, looked up again before any is
+    /// called missing: a sweep may have claimed it (a tombstone, or no
+    /// record and no reference any more), a put may have published it
+    /// since the page was read.
+    async fn recheck(
+        &self,
+        record: &dyn PoolRecord,
+        suspects: Vec<Vec<u8>>,
+        opts: &VerifyOptions,
+        report: &mut VerifyReport,
+    ) -> Result<()> {
+        if suspects.is_empty() {
+            return Ok(());
+        }
+        let now = record.lookup(&suspects).await?;
+        let mut found = now.into_iter().peekable();
+        for k in suspects {
+            while found.peek().is_some_and(|r| r.key < k) {
+                found.next();
+            }
+            let r = match found.peek() {
+                Some(r) if r.key == k => r.clone(),
+                _ => {
+                    report.vanished += 1;
+                    continue;
+                }
+            };
+            let key = r.key().expect("suspects are keys");
+            match self.check_record(&r, opts).await? {
+                RecordCheck::Content(tier, c) => match tally(report, tier, key, c, opts) {
+                    Some(Check::Lost | Check::Vanished)
+                        if r.held.is_some_and(|h| h.must_exist()) =>
+                    {
+                        report.missing.push(missing_entry(key, &r));
+                    }
+                    Some(_) => report.vanished += 1,
+                    None => {}
+                },
+                RecordCheck::Gone if r.held.is_some() || !r.refs.is_empty() => {
+                    report.missing.push(missing_entry(key, &r))
+                }
+                RecordCheck::Gone | RecordCheck::Skip => report.vanished += 1,
+                RecordCheck::InFlight => report.in_flight += 1,
+                RecordCheck::Forward => report.forward += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// The large tier's listing against the record: objects no record
+    /// names.
+    async fn find_unrecorded(
+        &self,
+        record: &dyn PoolRecord,
+        opts: &VerifyOptions,
+        report: &mut VerifyReport,
+    ) -> Result<()> {
+        let large = self.large_engine()?;
+        let mut keys = large
+            .list()
+            .try_filter(|k| std::future::ready(opts.in_range(k.as_bytes())));
+        let mut batch: Vec<Vec<u8>> = Vec::new();
+        loop {
+            let next = keys.try_next().await?;
+            if let Some(k) = &next {
+                batch.push(k.as_bytes().to_vec());
+            }
+            if batch.len() == RECORD_PAGE || (next.is_none() && !batch.is_empty()) {
+                let known = record.lookup(&batch).await?;
+                let held: std::collections::HashSet<&[u8]> = known
+                    .iter()
+                    .filter(|r| r.held.is_some())
+                    .map(|r| r.key.as_slice())
+                    .collect();
+                for k in &batch {
+                    if !held.contains(k.as_slice()) {
+                        report.unrecorded.push(Key::from_slice(k)?);
+                    }
+                }
+                batch.clear();
+            }
+            if next.is_none() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Keys of the record read per page.
+const RECORD_PAGE: usize = 1000;
+
+/// What a key of the record needs.
+enum RecordCheck {
+    /// Its content was read.
+    Content(Tier, Check),
+    /// The record says it must exist, and nothing holds it.
+    Gone,
+    /// A put in flight or a delete in progress.
+    InFlight,
+    /// Only forward references name it.
+    Forward,
+    /// This node cannot read its tier.
+    Skip,
+}
+
+fn missing_entry(key: Key, r: &Record) -> MissingEntry {
+    MissingEntry {
+        key,
+        referenced_by: r.refs.clone(),
+        recorded: match r.held {
+            None => "none",
+            Some(Held::Kv) => "kv",
+            Some(Held::LargeObject) => "large_object",
+            Some(Held::LargeObjectLost) => "large_object_lost",
+            Some(Held::File { .. }) => "file",
+            Some(Held::InFlight) => "in_flight",
+            Some(Held::Deleting) => "deleting",
+        }
+        .to_owned(),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Counts one check into the report; returns the check back when its
+/// content was not there (for the caller to decide: gone or missing).
+fn tally(
+    report: &mut VerifyReport,
+    tier: Tier,
+    key: Key,
+    c: Check,
+    opts: &VerifyOptions,
+) -> Option<Check> {
+    match c {
+        Check::Ok(n, ob) => {
+            report.checked += 1;
+            report.bytes += n;
+            match ob {
+                Outboard::Good => {}
+                Outboard::Missing => report.outboards_missing += 1,
+                Outboard::Damaged => {
+                    tracing::warn!(%key, "damaged outboard");
+                    report.outboards_damaged += 1;
+                }
+            }
+            if ob != Outboard::Good && opts.repair_outboards {
+                report.outboards_repaired += 1;
+            }
+            None
+        }
+        Check::Corrupt(n, detail) => {
+            report.checked += 1;
+            report.bytes += n;
+            tracing::warn!(%key, %tier, %detail, "corrupt entry");
+            report.corrupt.push(CorruptEntry { key, tier, detail });
+            None
+        }
+        gone @ (Check::Vanished | Check::Lost) => Some(gone),
     }
 }
 

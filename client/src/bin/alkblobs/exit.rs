@@ -65,7 +65,7 @@ impl Exit {
     fn of(kind: ErrorKind) -> Exit {
         match kind {
             ErrorKind::NotFound | ErrorKind::Collected => Exit::NotFound,
-            ErrorKind::Corrupt => Exit::Integrity,
+            ErrorKind::Corrupt | ErrorKind::Lost => Exit::Integrity,
             ErrorKind::TooLarge | ErrorKind::InvalidInput | ErrorKind::Config => Exit::BadInput,
             ErrorKind::InUse => Exit::InUse,
             // ReadOnly, Conflict, Unavailable, Engine, and any class added later.

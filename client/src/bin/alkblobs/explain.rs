@@ -1,7 +1,8 @@
 //! `explain`: why a key is or is not live — the entry, roots, the staged
 //! row and its deadline, the delete window, and a verdict. Exit 0 whether
 //! or not the key is live (the answer is the output); a key the pool does
-//! not hold is exit 3.
+//! not hold is exit 3; a key it records whose content is gone (lost) is
+//! exit 4, as for get and stat.
 
 use alkblobs::{Error, Key};
 use indicatif::HumanBytes;
@@ -24,6 +25,7 @@ pub async fn explain(ctx: &Ctx, key: Key) -> Res {
                 m.size,
                 m.tier
             ),
+            None if e.lost.is_some() => println!("entry:   LOST: recorded, its content is gone"),
             None => println!("entry:   absent"),
         }
         println!("root:    {}", if e.root { "yes" } else { "no" });
@@ -52,6 +54,9 @@ pub async fn explain(ctx: &Ctx, key: Key) -> Res {
             humantime::format_duration(std::time::Duration::from_secs_f64(e.window_secs))
         );
         println!("verdict: {}", e.verdict);
+    }
+    if let Some(lost) = e.lost {
+        return Err(crate::exit::Fail::new(crate::exit::Exit::Integrity, lost));
     }
     if e.entry.is_none() {
         return Err(Error::NotFound { key }.into());

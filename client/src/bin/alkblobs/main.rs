@@ -141,13 +141,26 @@ enum Command {
         #[arg(short, long)]
         long: bool,
     },
-    /// Re-hash every blob; exit 4 and name each corrupt or missing key.
+    /// Re-hash every blob the store must hold; exit 4 and name each corrupt
+    /// or missing key. A PostgreSQL pool is checked against its record
+    /// (every entry, published file, root and liveness row), an embedded
+    /// store against its engines and roots.
     Verify {
         /// Store the BLAKE3 outboard of every intact large blob that has
         /// none (stored before outboards) or a damaged one, so its ranges
         /// verify without reading it whole.
         #[arg(long)]
         repair_outboards: bool,
+        /// Blobs read and hashed at once.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
+        jobs: u16,
+        /// Only keys after this one: resume a run where it stopped (the
+        /// last key it reached), or verify a slice.
+        #[arg(long, value_name = "KEY")]
+        after: Option<Key>,
+        /// Only keys up to this one (inclusive).
+        #[arg(long, value_name = "KEY")]
+        until: Option<Key>,
     },
     /// Entries and bytes per tier.
     Usage,
@@ -283,7 +296,19 @@ async fn run(cli: Cli) -> Res {
         }
         Command::Stat { key } => stat::stat(&ctx, *key).await,
         Command::Ls { long } => ls::ls(&ctx, *long).await,
-        Command::Verify { repair_outboards } => verify::verify(&ctx, *repair_outboards).await,
+        Command::Verify {
+            repair_outboards,
+            jobs,
+            after,
+            until,
+        } => {
+            let opts = alkblobs::VerifyOptions::default()
+                .repair_outboards(*repair_outboards)
+                .jobs(usize::from(*jobs))
+                .after(*after)
+                .until(*until);
+            verify::verify(&ctx, opts).await
+        }
         Command::Usage => usage::usage(&ctx).await,
         Command::Roots { action } => roots::roots(&ctx, action).await,
         Command::Gc {

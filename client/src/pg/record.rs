@@ -1,0 +1,145 @@
+//! A PostgreSQL pool's record of what must exist, read from the extension
+//! (`alkblobs_verify_records`, `alkblobs_verify_lookup`,
+//! `alkblobs_verify_sources`), and where a verify's outcome is kept
+//! (`alkblobs_verify_finished`, which `alkblobs_health` reads).
+
+use async_trait::async_trait;
+use tokio_postgres::Row;
+use tokio_postgres::types::Type;
+
+use super::{PgPool, PoolInfo, PoolLargeTier, PoolMode};
+use crate::record::{Held, PoolRecord, Record, VerifyOutcome};
+use crate::{Error, Result};
+
+/// The record of one PostgreSQL pool.
+#[derive(Debug, Clone)]
+pub struct PgRecord {
+    pg: PgPool,
+    tier_recorded: bool,
+}
+
+impl PgRecord {
+    /// The record of the pool `pg` is connected to.
+    pub fn new(pg: PgPool, info: &PoolInfo) -> PgRecord {
+        // A fleet's shared tier records each object (alkblobs.files); a
+        // single-instance pool's local or s3 tier is its own index.
+        let tier_recorded = info.mode == PoolMode::Fleet
+            && matches!(info.large_tier, PoolLargeTier::Local | PoolLargeTier::S3);
+        PgRecord { pg, tier_recorded }
+    }
+
+    fn engine(&self) -> String {
+        format!("the record of pool {}", self.pg.name())
+    }
+}
+
+fn record_of(r: &Row, engine: &str) -> Result<Record> {
+    let held = match r.get::<_, Option<&str>>(1) {
+        None => None,
+        Some("kv") => Some(Held::Kv),
+        Some("lo") => Some(Held::LargeObject),
+        Some("lo_lost") => Some(Held::LargeObjectLost),
+        Some("file") => Some(Held::File {
+            generation: r.get::<_, Option<i64>>(3).unwrap_or(0).max(0) as u64,
+        }),
+        Some("in_flight") => Some(Held::InFlight),
+        Some("deleting") => Some(Held::Deleting),
+        Some(other) => {
+            return Err(Error::engine(
+                engine,
+                format!(
+                    "the extension recorded {other:?}, which this client does not know: update the client"
+                ),
+            ));
+        }
+    };
+    Ok(Record {
+        key: r.get(0),
+        held,
+        size: r.get::<_, Option<i64>>(2).map(|s| s.max(0) as u64),
+        refs: r.get(4),
+    })
+}
+
+#[async_trait]
+impl PoolRecord for PgRecord {
+    async fn page(&self, after: Option<&[u8]>, limit: usize) -> Result<Vec<Record>> {
+        let engine = self.engine();
+        let after = after.map(<[u8]>::to_vec);
+        let lim = limit.clamp(1, 10_000) as i32;
+        let rows = self
+            .pg
+            .rows(
+                &engine,
+                None,
+                "SELECT key, record, size, generation, refs FROM alkblobs_verify_records($1, $2, $3)",
+                &[
+                    (&self.pg.name(), Type::TEXT),
+                    (&after, Type::BYTEA),
+                    (&lim, Type::INT4),
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| record_of(r, &engine)).collect()
+    }
+
+    async fn lookup(&self, keys: &[Vec<u8>]) -> Result<Vec<Record>> {
+        let engine = self.engine();
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(10_000) {
+            let chunk = chunk.to_vec();
+            let rows = self
+                .pg
+                .rows(
+                    &engine,
+                    None,
+                    "SELECT key, record, size, generation, refs FROM alkblobs_verify_lookup($1, $2)",
+                    &[(&self.pg.name(), Type::TEXT), (&chunk, Type::BYTEA_ARRAY)],
+                )
+                .await?;
+            for r in &rows {
+                out.push(record_of(r, &engine)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn unchecked_sources(&self) -> Result<Vec<(String, String)>> {
+        let rows = self
+            .pg
+            .rows(
+                &self.engine(),
+                None,
+                "SELECT source, problem FROM alkblobs_verify_sources($1)",
+                &[(&self.pg.name(), Type::TEXT)],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    fn tier_recorded(&self) -> bool {
+        self.tier_recorded
+    }
+
+    async fn finished(&self, o: &VerifyOutcome) -> Result<()> {
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.pg
+            .rows(
+                &self.engine(),
+                None,
+                "SELECT alkblobs_verify_finished($1, $2, $3, $4, $5, $6, $7, $8)",
+                &[
+                    (&self.pg.name(), Type::TEXT),
+                    (&o.started, Type::TIMESTAMPTZ),
+                    (&o.whole, Type::BOOL),
+                    (&n(o.checked), Type::INT8),
+                    (&n(o.bytes), Type::INT8),
+                    (&n(o.missing), Type::INT8),
+                    (&n(o.corrupt), Type::INT8),
+                    (&n(o.unrecorded), Type::INT8),
+                ],
+            )
+            .await?;
+        Ok(())
+    }
+}

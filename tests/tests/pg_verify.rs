@@ -1,0 +1,394 @@
+//! `verify` of a PostgreSQL pool walks the pool's record, not the tiers'
+//! listings: content lost behind the pool's back (a large object
+//! unlinked, a shared-tier file removed) is one missing key named with
+//! what references it, never the end of the run nor "0 missing"; reads,
+//! `stat` and `explain` call it lost; a re-put restores it; what the tier
+//! holds that no record names is `unrecorded`; puts in flight, forward
+//! references and malformed liveness rows are not losses; the outcome is
+//! kept in the database and `alkblobs_health` is critical while content is
+//! missing. Against the server the test script starts (`ALKBLOBS_PG_URL`;
+//! without it the tests fail, they never skip).
+
+#![cfg(feature = "pg")]
+
+use std::path::{Path, PathBuf};
+
+use alkblobs::store::fleet::{FleetLarge, FleetOptions};
+use alkblobs::store::postgres::{PgLarge, PostgresOptions};
+use alkblobs::{ErrorKind, Key, Store, VerifyOptions};
+use alkblobs_tests::pg::{connect, pool_with, register, table_name, url};
+use tokio_postgres::Client;
+
+const BIG: usize = 3 << 20;
+
+/// `len` bytes that differ for every `seed`.
+fn blob(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Unlinks the large object behind `key`'s entry, as an operator or a
+/// careless `vacuumlo` would: the entry stays.
+async fn lose_large_object(c: &Client, pool: &str, key: &Key) {
+    let n = c
+        .execute(
+            "SELECT pg_catalog.lo_unlink(e.loid) FROM alkblobs.entries e JOIN alkblobs.pools p ON p.id = e.pool
+              WHERE p.name = $1 AND e.key = $2 AND e.tier = 'lo'",
+            &[&pool, &key.as_bytes().to_vec()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "one large object unlinked");
+}
+
+/// The file holding `key` under a local tier's root.
+fn file_of(root: &Path, key: &Key) -> PathBuf {
+    fn walk(dir: &Path, name: &str) -> Option<PathBuf> {
+        for e in std::fs::read_dir(dir).ok()? {
+            let e = e.ok()?;
+            let p = e.path();
+            if p.is_dir() {
+                if let Some(f) = walk(&p, name) {
+                    return Some(f);
+                }
+            } else if e.file_name().to_str() == Some(name) {
+                return Some(p);
+            }
+        }
+        None
+    }
+    walk(root, &key.to_string()).unwrap_or_else(|| panic!("no file for {key} under {root:?}"))
+}
+
+/// `alkblobs_health`'s status, verify_missing and reasons for `pool`.
+async fn health(c: &Client, pool: &str) -> (String, Option<i64>, Vec<String>) {
+    let r = c
+        .query_one(
+            "SELECT status, verify_missing, reasons FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// A liveness table for `pool`, registered (forward references if asked).
+async fn refs_table(c: &Client, pool: &str, forward: bool) -> String {
+    let table = table_name(pool, if forward { "fwd" } else { "refs" });
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    if forward {
+        c.execute(
+            "SELECT alkblobs_register_liveness($1, $2::text::regclass, forward_references => true)",
+            &[&pool, &table],
+        )
+        .await
+        .unwrap();
+    } else {
+        register(c, pool, &table).await;
+    }
+    table
+}
+
+async fn reference(c: &Client, table: &str, key: &[u8]) {
+    c.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&key])
+        .await
+        .unwrap();
+}
+
+/// The row of the missing key, with what references it.
+fn assert_missing(report: &alkblobs::VerifyReport, key: &Key, referenced_by: &str, recorded: &str) {
+    assert_eq!(
+        report.missing.len(),
+        1,
+        "exactly one key missing: {report:?}"
+    );
+    let m = &report.missing[0];
+    assert_eq!(m.key, *key, "{report:?}");
+    assert_eq!(
+        m.referenced_by,
+        vec![referenced_by.to_owned()],
+        "{report:?}"
+    );
+    assert_eq!(m.recorded, recorded, "{report:?}");
+    assert!(report.corrupt.is_empty(), "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_instance_pg_lo_a_lost_large_object_is_one_missing_root_and_a_reput_restores_it() {
+    let c = connect().await;
+    let pool = pool_with(&c, "vf-si-lo", "0 seconds", "60 seconds", "pg-lo", true).await;
+    let store = Store::open_postgres(PostgresOptions::new(url(), &pool).large(PgLarge::PgLo))
+        .await
+        .unwrap();
+    let (a, b, small) = (blob(1, BIG), blob(2, BIG), blob(3, 1000));
+    let ka = store.put(a.clone()).await.unwrap().key;
+    let kb = store.put(b.clone()).await.unwrap().key;
+    let ks = store.put(small.clone()).await.unwrap().key;
+    store.add_roots(&[ka, kb]).await.unwrap();
+    let clean = store.verify().await.unwrap();
+    assert!(clean.is_clean() && clean.checked == 3, "{clean:?}");
+    assert_eq!(health(&c, &pool).await.1, Some(0));
+
+    lose_large_object(&c, &pool, &ka).await;
+    // Not the end of the run: the other two are read, the lost one named.
+    let report = store.verify().await.unwrap();
+    assert_missing(&report, &ka, "root", "large_object_lost");
+    assert_eq!(report.checked, 2, "{report:?}");
+    assert_eq!(report.bytes, (BIG + 1000) as u64, "{report:?}");
+    // Reads and stat agree: lost, not "never stored".
+    for e in [
+        store.get(&ka).await.unwrap_err(),
+        store.stat(&ka).await.unwrap_err(),
+        store.open_read(&ka).await.err().unwrap(),
+        store.get_range_verified(&ka, 0, 10).await.unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    }
+    let ex = store.explain(&ka).await.unwrap();
+    assert!(
+        ex.lost.is_some() && ex.verdict.starts_with("LOST"),
+        "{ex:?}"
+    );
+    let rows = c
+        .query(
+            "SELECT aspect, detail FROM alkblobs_explain($1, $2)",
+            &[&pool, &ka.as_bytes().to_vec()],
+        )
+        .await
+        .unwrap();
+    let entry: String = rows[0].get(1);
+    assert!(entry.starts_with("LOST"), "{entry}");
+    // The database keeps it: critical until a whole verify finds none.
+    let (status, missing, reasons) = health(&c, &pool).await;
+    assert_eq!(
+        (status.as_str(), missing),
+        ("critical", Some(1)),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("verify found")),
+        "{reasons:?}"
+    );
+
+    // A slice that does not reach it finds nothing, and clears nothing.
+    let first = ka.min(kb).min(ks);
+    let slice = store
+        .verify_with_options(VerifyOptions::default().until(Some(first)), |_| {})
+        .await
+        .unwrap();
+    assert!(
+        !slice.whole && slice.checked + slice.missing.len() as u64 == 1,
+        "{slice:?}"
+    );
+    if first != ka {
+        assert_eq!(health(&c, &pool).await.0, "critical");
+    }
+
+    // Putting the original bytes again restores it.
+    let _ = store.put(a.clone()).await.unwrap();
+    assert_eq!(store.get(&ka).await.unwrap().unwrap(), a);
+    let after = store.verify().await.unwrap();
+    assert!(after.is_clean() && after.checked == 3, "{after:?}");
+    assert_eq!(health(&c, &pool).await.0, "ok");
+    store.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_pg_lo_a_lost_large_object_named_by_its_liveness_table() {
+    let c = connect().await;
+    let pool = pool_with(&c, "vf-fl-lo", "0 seconds", "60 seconds", "pg-lo", false).await;
+    let table = refs_table(&c, &pool, false).await;
+    let store = Store::open_fleet(FleetOptions::new(url(), &pool, FleetLarge::PgLo))
+        .await
+        .unwrap();
+    let ka = store.put(blob(11, BIG)).await.unwrap().key;
+    let kb = store.put(blob(12, BIG)).await.unwrap().key;
+    for k in [ka, kb] {
+        reference(&c, &table, k.as_bytes()).await;
+    }
+    assert!(store.verify().await.unwrap().is_clean());
+    lose_large_object(&c, &pool, &kb).await;
+    let report = store.verify().await.unwrap();
+    assert_missing(
+        &report,
+        &kb,
+        &format!("liveness public.{table}"),
+        "large_object_lost",
+    );
+    assert_eq!(report.checked, 1, "{report:?}");
+    assert_eq!(store.stat(&kb).await.unwrap_err().kind(), ErrorKind::Lost);
+    assert_eq!(health(&c, &pool).await.0, "critical");
+    store.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_shared_local_a_removed_file_is_missing_and_reads_call_it_lost() {
+    let c = connect().await;
+    let pool = pool_with(&c, "vf-fl-local", "0 seconds", "60 seconds", "local", false).await;
+    let table = refs_table(&c, &pool, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let media = dir.path().join("shared");
+    let store = Store::open_fleet(FleetOptions::new(
+        url(),
+        &pool,
+        FleetLarge::SharedLocal(media.clone()),
+    ))
+    .await
+    .unwrap();
+    let (a, b) = (blob(21, BIG), blob(22, BIG));
+    let ka = store.put(a.clone()).await.unwrap().key;
+    let kb = store.put(b).await.unwrap().key;
+    for k in [ka, kb] {
+        reference(&c, &table, k.as_bytes()).await;
+    }
+    let clean = store.verify().await.unwrap();
+    assert!(clean.is_clean() && clean.checked == 2, "{clean:?}");
+    assert!(clean.unrecorded.is_empty(), "{clean:?}");
+
+    std::fs::remove_file(file_of(&media, &ka)).unwrap();
+    let report = store.verify().await.unwrap();
+    assert_missing(&report, &ka, &format!("liveness public.{table}"), "file");
+    assert_eq!(report.checked, 1, "{report:?}");
+    for e in [
+        store.stat(&ka).await.unwrap_err(),
+        store.get(&ka).await.unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Lost, "{e}");
+    }
+    let ex = store.explain(&ka).await.unwrap();
+    assert!(ex.verdict.starts_with("LOST"), "{ex:?}");
+    assert_eq!(health(&c, &pool).await.0, "critical");
+    let _ = store.put(a).await.unwrap();
+    assert!(store.verify().await.unwrap().is_clean());
+    assert_eq!(health(&c, &pool).await.0, "ok");
+    store.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrecorded_objects_puts_in_flight_forward_and_malformed_references_are_not_losses() {
+    let c = connect().await;
+    let pool = pool_with(&c, "vf-fl-odd", "0 seconds", "60 seconds", "local", false).await;
+    let fwd = refs_table(&c, &pool, true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let media = dir.path().join("shared");
+    let store = Store::open_fleet(FleetOptions::new(
+        url(),
+        &pool,
+        FleetLarge::SharedLocal(media.clone()),
+    ))
+    .await
+    .unwrap();
+    let kept = store.put(blob(31, BIG)).await.unwrap().key;
+    // An object no record names: written to the tier behind the pool's
+    // back (a crash between a writer's file and its record leaves one).
+    let stray = blob(32, BIG);
+    let stray_key = Key::from_hash(blake3::hash(&stray));
+    {
+        use alkblobs::Backend;
+        let local = alkblobs::backend::local::LocalBackend::open(
+            &media,
+            alkblobs::backend::local::LocalOptions::default().shared_media(true),
+        )
+        .await
+        .unwrap();
+        local.put(&stray_key, stray.into()).await.unwrap();
+        local.close().await.unwrap();
+    }
+    // A put in flight: recorded, not published.
+    let flying = Key::from_hash(blake3::hash(b"in flight"));
+    c.execute(
+        "SELECT alkblobs_pin_new($1, $2, 'someone')",
+        &[&pool, &flying.as_bytes().to_vec()],
+    )
+    .await
+    .unwrap();
+    // A forward reference to content not put yet, and a malformed one.
+    let later = Key::from_hash(blake3::hash(b"put later"));
+    reference(&c, &fwd, later.as_bytes()).await;
+    reference(&c, &fwd, b"short").await;
+
+    let report = store.verify().await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.checked, 1, "{report:?}");
+    assert_eq!(report.unrecorded, vec![stray_key], "{report:?}");
+    assert_eq!(report.in_flight, 1, "{report:?}");
+    assert_eq!(report.forward, 1, "{report:?}");
+    assert_eq!(report.malformed.len(), 1, "{report:?}");
+    assert_eq!(report.malformed[0].value, "73686f7274", "{report:?}");
+    assert!(
+        report.malformed[0].referenced_by[0].starts_with(&format!("liveness public.{fwd}")),
+        "{report:?}"
+    );
+    let _ = kept;
+    // Unrecorded alone is not critical.
+    assert_eq!(health(&c, &pool).await.0, "ok");
+    store.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_naming_content_never_put_is_missing_with_no_record() {
+    let c = connect().await;
+    let pool = pool_with(&c, "vf-si-root", "0 seconds", "60 seconds", "none", true).await;
+    let store = Store::open_postgres(PostgresOptions::new(url(), &pool).large(PgLarge::None))
+        .await
+        .unwrap();
+    let present = store.put(blob(41, 2000)).await.unwrap().key;
+    let never = Key::from_hash(blake3::hash(b"never put"));
+    store.add_roots(&[present, never]).await.unwrap();
+    let report = store.verify().await.unwrap();
+    assert_missing(&report, &never, "root", "none");
+    assert_eq!(report.checked, 1);
+    store.close().await.unwrap();
+}
+
+/// Verify reads through the extension's functions: a reader may run them,
+/// and a role without access to the pool is refused (42501), not shown
+/// another pool's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_is_read_only_by_roles_with_access_to_the_pool() {
+    let c = connect().await;
+    let pool = pool_with(&c, "vf-acl", "0 seconds", "60 seconds", "none", false).await;
+    let outsider = alkblobs_tests::pg::login_role(&c, "vfout", "alkblobs_reader").await;
+    let o = alkblobs_tests::pg::connect_as(&outsider).await;
+    for sql in [
+        "SELECT * FROM alkblobs_verify_records($1)",
+        "SELECT * FROM alkblobs_verify_sources($1)",
+    ] {
+        let e = o.query(sql, &[&pool]).await.unwrap_err();
+        assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501", "{sql}: {e}");
+    }
+    let e = o
+        .execute(
+            "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
+            &[&pool],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501");
+    // Bad arguments are typed refusals.
+    let e = c
+        .query(
+            "SELECT * FROM alkblobs_verify_records($1, NULL, 0)",
+            &[&pool],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "22023");
+    let e = c
+        .execute(
+            "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, -1, 0, 0)",
+            &[&pool],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "22023");
+}
