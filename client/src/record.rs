@@ -84,8 +84,10 @@ pub trait PoolRecord: Send + Sync + std::fmt::Debug {
     async fn page(&self, after: Option<&[u8]>, limit: usize) -> Result<Vec<Record>>;
 
     /// The record of exactly `keys` now (a re-check before a key is called
-    /// missing): one row per key the record names, ascending.
-    async fn lookup(&self, keys: &[Vec<u8>]) -> Result<Vec<Record>>;
+    /// missing): one row per key the record names, ascending. Without
+    /// `refs`, only what the pool holds (the references are not read: what
+    /// a tier's listing is compared with).
+    async fn lookup(&self, keys: &[Vec<u8>], refs: bool) -> Result<Vec<Record>>;
 
     /// References this reader cannot check (a liveness table the caller
     /// may not read, or that fails validation): `(source, problem)`.
@@ -95,8 +97,10 @@ pub trait PoolRecord: Send + Sync + std::fmt::Debug {
     /// shared tier), so that an object no record names is `unrecorded`.
     fn tier_recorded(&self) -> bool;
 
-    /// Keeps the outcome of a verify where operators look.
-    async fn finished(&self, outcome: &VerifyOutcome) -> Result<()>;
+    /// Keeps the outcome of a verify where operators look. `Ok(false)`
+    /// when the caller may not record it (a PostgreSQL pool records the
+    /// runs of roles with sweep access only).
+    async fn finished(&self, outcome: &VerifyOutcome) -> Result<bool>;
 }
 
 /// What a verify found, as the record keeps it.

@@ -338,3 +338,91 @@ fn pool_status_reports_health_and_exits_7_when_critical() {
     let o = run(d, &pool, &["pool", "status", "no-such-pool-here"]);
     assert_eq!(code(&o), 3);
 }
+
+/// A large object unlinked behind a pool's back, as a user meets it: verify
+/// names the key and its reference and exits 4 (the run goes on: the
+/// other blob is read), stat, get and explain exit 4 saying it is lost, and
+/// `put` of the same file restores it.
+#[test]
+fn a_lost_large_object_is_named_by_verify_and_lost_to_every_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pool = format!("cli-lost-{}", std::process::id());
+    ok(
+        d,
+        &pool,
+        &[
+            "pool",
+            "create",
+            &pool,
+            "--single-instance",
+            "--large",
+            "pg-lo",
+        ],
+    );
+    let (a, b) = (d.join("a.bin"), d.join("b.bin"));
+    std::fs::write(&a, vec![7u8; 3 << 20]).unwrap();
+    std::fs::write(&b, vec![9u8; 3 << 20]).unwrap();
+    let ka = ok(d, &pool, &["put", "--root", a.to_str().unwrap()])
+        .trim()
+        .to_owned();
+    let kb = ok(d, &pool, &["put", "--root", b.to_str().unwrap()])
+        .trim()
+        .to_owned();
+    assert!(ok(d, &pool, &["verify"]).contains("0 missing"));
+    let psql = Command::new("psql")
+        .args([
+            "-X",
+            "-q",
+            &url(),
+            "-c",
+            &format!(
+                "SELECT lo_unlink(e.loid) FROM alkblobs.entries e JOIN alkblobs.pools p ON p.id = e.pool \
+                  WHERE p.name = '{pool}' AND e.key = decode('{ka}', 'hex')"
+            ),
+        ])
+        .output()
+        .expect("run psql");
+    assert!(
+        psql.status.success(),
+        "{}",
+        String::from_utf8_lossy(&psql.stderr)
+    );
+    let o = run(d, &pool, &["verify"]);
+    assert_eq!(code(&o), 4, "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!(
+            "missing  {ka}  (recorded, its large object is gone; referenced by root)"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("verified 1 blobs") && !out.contains(&kb),
+        "{out}"
+    );
+    let o = run(d, &pool, &["verify", "--json"]);
+    assert_eq!(code(&o), 4);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["missing"][0]["key"], ka.as_str(), "{v}");
+    assert_eq!(v["missing"][0]["referenced_by"][0], "root", "{v}");
+    for args in [
+        vec!["stat", &ka],
+        vec!["get", &ka, "-o", "copy"],
+        vec!["explain", &ka],
+    ] {
+        let o = run(d, &pool, &args);
+        assert_eq!(
+            code(&o),
+            4,
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("lost"),
+            "{args:?}"
+        );
+    }
+    assert_eq!(ok(d, &pool, &["put", a.to_str().unwrap()]).trim(), ka);
+    assert!(ok(d, &pool, &["verify"]).contains("0 corrupt, 0 missing"));
+}

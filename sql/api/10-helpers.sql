@@ -37,6 +37,8 @@
 --   AB003 (alkblobs) isolation      the call needs READ COMMITTED
 --   AB004 (alkblobs) bad source     a registered liveness table no longer
 --                                   passes validation; nothing was done
+--   AB006 (alkblobs) content lost   the key is recorded but its large object
+--                                   is gone (put the bytes again)
 --   55P03 lock_not_available        a registered liveness table stayed
 --                                   locked by someone else's DDL for 5 s
 

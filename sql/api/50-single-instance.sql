@@ -29,7 +29,9 @@ BEGIN
     END IF;
     FOR r IN DELETE FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = ANY($2)
              RETURNING e.key, e.size, e.loid LOOP
-        IF r.loid IS NOT NULL THEN
+        -- (A large object already gone: the entry goes, nothing to unlink.)
+        IF r.loid IS NOT NULL
+           AND EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = r.loid) THEN
             PERFORM pg_catalog.lo_unlink(r.loid);
         END IF;
         key := r.key;

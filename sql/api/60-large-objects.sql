@@ -112,6 +112,9 @@ DECLARE
     u alkblobs.uploads;
     h record;
     created boolean := false;
+    restored boolean;
+    old_loid oid;
+    old_size bigint;
 BEGIN
     PERFORM alkblobs.check_key($2);
     PERFORM alkblobs.not_null($3, 'loid');
@@ -150,13 +153,29 @@ BEGIN
         END IF;
         -- An entry whose large object is gone (unlinked behind the pool's
         -- back: content lost, AB006 to readers) takes this upload's
-        -- object: a put of the original bytes restores it. (Where keys
-        -- are trusted, as for the first writer of a key: nothing is left
-        -- to compare with.)
-        UPDATE alkblobs.entries e SET loid = $3, outboard = coalesce($5, e.outboard)
-         WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo'
-           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = e.loid);
-        IF NOT FOUND THEN
+        -- object: a put of the original bytes restores it. The entry is
+        -- locked first (FOR NO KEY UPDATE: the executor's SKIP LOCKED
+        -- passes over it, puts' FOR KEY SHARE do not wait) and its object
+        -- looked up again in the next statement, which sees what committed
+        -- meanwhile: of two puts restoring one key, the second finds the
+        -- first's object and drops its own (none leaks). Where keys are
+        -- trusted (SQL-only flavour) the sizes must agree, as alkblobs.holds
+        -- requires of any present key.
+        restored := false;
+        IF EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo'
+                      AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = e.loid)) THEN
+            SELECT e.loid, e.size INTO old_loid, old_size FROM alkblobs.entries e
+             WHERE e.pool = pl.id AND e.key = $2 AND e.tier = 'lo' FOR NO KEY UPDATE OF e;
+            IF FOUND AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = old_loid) THEN
+                IF old_size <> h.size THEN
+                    PERFORM alkblobs.refuse_other_content(pl, $2, NULL);
+                END IF;
+                UPDATE alkblobs.entries e SET loid = $3, outboard = coalesce($5, e.outboard)
+                 WHERE e.pool = pl.id AND e.key = $2;
+                restored := true;
+            END IF;
+        END IF;
+        IF NOT restored THEN
             IF h.hash IS NULL AND NOT alkblobs.holds(pl.id, $2, NULL, $3, h.size) THEN
                 PERFORM alkblobs.refuse_other_content(pl, $2, NULL);  -- keys trusted: see alkblobs.holds
             END IF;

@@ -320,7 +320,10 @@ BEGIN
                  RETURNING e.size, e.loid LOOP
             deleted := deleted + 1;
             bytes_freed := bytes_freed + r.size;
-            IF r.loid IS NOT NULL THEN
+            -- (A large object already gone — lost behind the pool's back —
+            -- must not make every sweep of the pool fail with 42704.)
+            IF r.loid IS NOT NULL
+               AND EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = r.loid) THEN
                 PERFORM pg_catalog.lo_unlink(r.loid);
                 unlinks := unlinks + 1;
             END IF;

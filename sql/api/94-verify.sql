@@ -37,13 +37,12 @@
 -- keys after `after`, so any key in the page's first `lim` of the union
 -- is in each source's first `lim` that holds it: the references of every
 -- key returned are complete.
-CREATE FUNCTION alkblobs.verify_rows(pl alkblobs.pools, after bytea, lim integer, ks bytea[])
+CREATE FUNCTION alkblobs.verify_rows(pl alkblobs.pools, after bytea, lim integer, ks bytea[], with_refs boolean)
 RETURNS TABLE (key bytea, record text, size bigint, generation bigint, refs text[])
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    lo bytea := coalesce(after, '\x'::bytea);
     keys bytea[] := '{}';
     ref_keys bytea[] := '{}';
     ref_names text[] := '{}';
@@ -53,21 +52,24 @@ DECLARE
 BEGIN
     IF ks IS NULL THEN
         keys := keys
-            || ARRAY(SELECT e.key FROM alkblobs.entries e WHERE e.pool = pl.id AND e.key > lo ORDER BY e.key LIMIT lim)
-            || ARRAY(SELECT f.key FROM alkblobs.files f WHERE f.pool = pl.id AND f.key > lo ORDER BY f.key LIMIT lim)
-            || ARRAY(SELECT r.key FROM alkblobs.single_roots r WHERE r.pool = pl.id AND r.key > lo ORDER BY r.key LIMIT lim);
+            || ARRAY(SELECT e.key FROM alkblobs.entries e WHERE e.pool = pl.id AND (after IS NULL OR e.key > after)
+                      ORDER BY e.key LIMIT lim)
+            || ARRAY(SELECT f.key FROM alkblobs.files f WHERE f.pool = pl.id AND (after IS NULL OR f.key > after)
+                      ORDER BY f.key LIMIT lim)
+            || ARRAY(SELECT r.key FROM alkblobs.single_roots r WHERE r.pool = pl.id AND (after IS NULL OR r.key > after)
+                      ORDER BY r.key LIMIT lim);
     END IF;
     FOR l IN SELECT lv.relid, lv.forward_refs FROM alkblobs.liveness lv JOIN pg_catalog.pg_class c ON c.oid = lv.relid
-              WHERE lv.pool = pl.id ORDER BY lv.relid LOOP
+              WHERE lv.pool = pl.id AND with_refs ORDER BY lv.relid LOOP
         CONTINUE WHEN NOT pg_catalog.has_table_privilege(session_user, l.relid, 'SELECT');
         got := NULL;
         BEGIN
             SELECT * INTO ls FROM alkblobs.lock_source(l.relid);
             IF NOT ls.gone AND ls.problem IS NULL THEN
                 IF ks IS NULL THEN
-                    EXECUTE format('SELECT ARRAY(SELECT DISTINCT lv.key FROM %s lv WHERE lv.key > $1 ORDER BY lv.key LIMIT $2)',
+                    EXECUTE format('SELECT ARRAY(SELECT DISTINCT lv.key FROM %s lv WHERE ($1 IS NULL OR lv.key > $1) AND lv.key IS NOT NULL ORDER BY lv.key LIMIT $2)',
                                    alkblobs.source_name(l.relid))
-                       INTO got USING lo, lim;
+                       INTO got USING after, lim;
                 ELSE
                     EXECUTE format('SELECT ARRAY(SELECT DISTINCT lv.key FROM %s lv WHERE lv.key = ANY ($1))',
                                    alkblobs.source_name(l.relid))
@@ -78,6 +80,14 @@ BEGIN
         EXCEPTION WHEN SQLSTATE 'AB999' THEN
             NULL;
         END;
+        -- A table someone's DDL holds: the page cannot be complete, so it
+        -- is refused (retryable), never silently short of its references.
+        -- One that fails validation is skipped here and reported by
+        -- alkblobs_verify_sources (a run with such a source is never whole).
+        IF ls.busy THEN
+            RAISE EXCEPTION 'liveness table % is locked by DDL in progress; verify again in a moment', l.relid::regclass
+                USING ERRCODE = 'lock_not_available';
+        END IF;
         CONTINUE WHEN got IS NULL;
         IF ks IS NULL THEN
             keys := keys || got;
@@ -91,22 +101,27 @@ BEGIN
         ks := ARRAY(SELECT DISTINCT k FROM unnest(keys) k ORDER BY k LIMIT lim);
     END IF;
     RETURN QUERY
-    SELECT k.key,
+    SELECT x.* FROM (
+    SELECT k.key AS key,
            CASE WHEN e.tier = 'kv' THEN 'kv'
                 WHEN e.tier = 'lo' AND EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = e.loid) THEN 'lo'
                 WHEN e.tier = 'lo' THEN 'lo_lost'
                 WHEN f.published THEN 'file'
                 WHEN f.deleting_since IS NOT NULL THEN 'deleting'
-                WHEN f.key IS NOT NULL THEN 'in_flight' END,
-           e.size,
-           f.generation,
-           ARRAY(SELECT 'root' FROM alkblobs.single_roots r WHERE r.pool = pl.id AND r.key = k.key
-                 UNION ALL
-                 SELECT x.name FROM unnest(ref_keys, ref_names) x(key, name) WHERE x.key = k.key)
+                WHEN f.key IS NOT NULL THEN 'in_flight' END AS record,
+           e.size AS size,
+           f.generation AS generation,
+           CASE WHEN r.key IS NULL THEN '{}'::text[] ELSE ARRAY['root'] END || coalesce(rf.names, '{}') AS refs
       FROM (SELECT DISTINCT u AS key FROM unnest(ks) u) k
       LEFT JOIN alkblobs.entries e ON e.pool = pl.id AND e.key = k.key
       LEFT JOIN alkblobs.files f ON f.pool = pl.id AND f.key = k.key
-     ORDER BY k.key;
+      LEFT JOIN alkblobs.single_roots r ON r.pool = pl.id AND r.key = k.key
+      -- (The references, grouped once: a hash join, not a scan per key.)
+      LEFT JOIN (SELECT g.key, array_agg(g.name ORDER BY g.name) AS names
+                   FROM unnest(ref_keys, ref_names) g(key, name) GROUP BY g.key) rf ON rf.key = k.key) x
+     -- (A key nothing records or references is not in the record.)
+     WHERE x.record IS NOT NULL OR cardinality(x.refs) > 0
+     ORDER BY x.key;
 END $$;
 
 -- The record of pool `pool` after key `after`, at most `lim` keys (1 to
@@ -123,13 +138,16 @@ BEGIN
     IF $3 < 1 OR $3 > 10000 THEN
         RAISE EXCEPTION 'lim must be between 1 and 10000, not %', $3 USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN QUERY SELECT * FROM alkblobs.verify_rows(pl, $2, $3, NULL);
+    RETURN QUERY SELECT * FROM alkblobs.verify_rows(pl, $2, $3, NULL, true);
 END $$;
 
 -- The record of exactly `keys` (at most 10,000) now: what a verify
 -- re-checks before it calls a key missing (a sweep may have claimed it, a
--- put may have recorded it, since the page was read). READ COMMITTED only.
-CREATE FUNCTION @extschema@.alkblobs_verify_lookup(pool text, keys bytea[])
+-- put may have recorded it, since the page was read); a key nothing
+-- records or references has no row. `with_refs` false leaves the liveness
+-- tables unread (what a tier's listing is compared with: only what the
+-- pool holds). READ COMMITTED only.
+CREATE FUNCTION @extschema@.alkblobs_verify_lookup(pool text, keys bytea[], with_refs boolean DEFAULT true)
 RETURNS TABLE (key bytea, record text, size bigint, generation bigint, refs text[])
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
@@ -141,7 +159,8 @@ BEGIN
     IF cardinality($2) > 10000 THEN
         RAISE EXCEPTION 'at most 10000 keys per call, not %', cardinality($2) USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN QUERY SELECT * FROM alkblobs.verify_rows(pl, NULL, 0, $2);
+    PERFORM alkblobs.not_null($3, 'with_refs');
+    RETURN QUERY SELECT * FROM alkblobs.verify_rows(pl, NULL, 0, $2, $3);
 END $$;
 
 -- The references a verify of pool `pool` by the caller cannot check: each
@@ -185,18 +204,23 @@ END $$;
 -- checked and their bytes, how many it found missing (recorded or
 -- referenced, content gone) or corrupt, and how many objects of the tier
 -- no record names. A run that found content missing or corrupt marks the
--- pool (alkblobs_health is 'critical' from then on); only a whole run that
--- found nothing missing or corrupt clears the mark. Needs read access:
--- the database cannot read a shared tier itself, it keeps what the
--- client found (and who ran it).
+-- pool (alkblobs_health is 'critical' from then on); only a whole run
+-- that started after the mark and found nothing missing or corrupt clears
+-- it. A run is whole only if it walked every key and the caller could read
+-- every registered liveness table now valid (alkblobs_verify_sources
+-- empty): otherwise it is recorded as a slice. Needs sweep access (a
+-- reader, or the monitoring role, must not clear a pool's alarm): the
+-- database cannot read a shared tier itself, it keeps what the client
+-- found, and who ran it.
 CREATE FUNCTION @extschema@.alkblobs_verify_finished(pool text, started timestamptz, whole boolean, checked bigint,
                                                      bytes bigint, missing bigint, corrupt bigint, unrecorded bigint)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    pl alkblobs.pools := alkblobs.pool($1, 'read');
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
     bad boolean;
+    is_whole boolean;
 BEGIN
     PERFORM alkblobs.not_null($2, 'started');
     PERFORM alkblobs.not_null($3, 'whole');
@@ -207,13 +231,14 @@ BEGIN
         RAISE EXCEPTION 'the counts must not be negative' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     bad := $6 > 0 OR $7 > 0;
+    is_whole := $3 AND NOT EXISTS (SELECT 1 FROM @extschema@.alkblobs_verify_sources($1));
     INSERT INTO alkblobs.verifies AS v (pool, role, started, finished, whole, checked, bytes, missing, corrupt, unrecorded, damaged_since)
-    VALUES (pl.id, session_user, $2, clock_timestamp(), $3, $4, $5, $6, $7, $8, CASE WHEN bad THEN clock_timestamp() END)
+    VALUES (pl.id, session_user, $2, clock_timestamp(), is_whole, $4, $5, $6, $7, $8, CASE WHEN bad THEN clock_timestamp() END)
     ON CONFLICT ON CONSTRAINT verifies_pkey DO UPDATE
        SET role = EXCLUDED.role, started = EXCLUDED.started, finished = EXCLUDED.finished, whole = EXCLUDED.whole,
            checked = EXCLUDED.checked, bytes = EXCLUDED.bytes, missing = EXCLUDED.missing,
            corrupt = EXCLUDED.corrupt, unrecorded = EXCLUDED.unrecorded,
            damaged_since = CASE WHEN bad THEN coalesce(v.damaged_since, clock_timestamp())
-                                WHEN EXCLUDED.whole THEN NULL
+                                WHEN EXCLUDED.whole AND EXCLUDED.started > v.damaged_since THEN NULL
                                 ELSE v.damaged_since END;
 END $$;

@@ -313,7 +313,8 @@ async fn the_extension_upgrades_and_drops_cleanly() {
                      FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
                     WHERE a.attrelid IN ('alkblobs.pools'::regclass, 'alkblobs.sweeps'::regclass, \
                                          'alkblobs.sweep_state'::regclass, 'alkblobs.schedule'::regclass, \
-                                         'alkblobs.pool_locks'::regclass, 'alkblobs.leases'::regclass) \
+                                         'alkblobs.pool_locks'::regclass, 'alkblobs.leases'::regclass, \
+                                         'alkblobs.verifies'::regclass, 'alkblobs_health'::regclass) \
                       AND a.attnum > 0 AND NOT a.attisdropped) s";
     let upgraded: String = c.query_one(columns, &[]).await.unwrap().get(0);
     let fresh: String = admin.query_one(columns, &[]).await.unwrap().get(0);

@@ -555,3 +555,80 @@ async fn a_prefix_is_one_pools_or_one_stores() {
         "{e}"
     );
 }
+
+/// `verify` of a fleet pool on s3 walks the pool's record: an object a
+/// lifecycle rule or an operator deleted from the bucket, while a liveness
+/// row still references it, is one missing key named with its table (not
+/// "0 missing"); reads and stat call it lost; the pool's health is
+/// critical; a re-put restores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_names_an_object_deleted_from_the_bucket() {
+    use object_store::ObjectStoreExt;
+    let c = connect().await;
+    let (pool, loc) = s3_pool("pgs3-verify", false).await;
+    let table = alkblobs_tests::pg::table_name(&pool, "refs");
+    c.batch_execute(&format!("CREATE TABLE {table} (key bytea PRIMARY KEY)"))
+        .await
+        .unwrap();
+    alkblobs_tests::pg::register(&c, &pool, &table).await;
+    let s = fleet(&pool, &loc).await;
+    let value = |seed: u8| -> Vec<u8> {
+        (0..3 << 20)
+            .map(|i: u32| (i.wrapping_mul(31) as u8) ^ seed)
+            .collect()
+    };
+    let (a, b) = (value(1), value(2));
+    let ka = s.put(a.clone()).await.unwrap().key;
+    let kb = s.put(b).await.unwrap().key;
+    for k in [ka, kb] {
+        c.execute(
+            &format!("INSERT INTO {table} VALUES ($1)"),
+            &[&k.as_bytes().to_vec()],
+        )
+        .await
+        .unwrap();
+    }
+    let clean = s.verify().await.unwrap();
+    assert!(clean.is_clean() && clean.checked == 2, "{clean:?}");
+
+    let raw = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(loc.bucket())
+        .with_client_options(object_store::ClientOptions::new().with_allow_http(true))
+        .build()
+        .unwrap();
+    let hex = ka.to_hex();
+    let path =
+        object_store::path::Path::from(format!("{}/blobs/{}/{hex}", loc.prefix(), &hex[..2]));
+    raw.delete(&path).await.unwrap();
+
+    let report = s.verify().await.unwrap();
+    assert_eq!(report.checked, 1, "{report:?}");
+    let missing: Vec<(Key, Vec<String>)> = report
+        .missing
+        .iter()
+        .map(|m| (m.key, m.referenced_by.clone()))
+        .collect();
+    assert_eq!(
+        missing,
+        vec![(ka, vec![format!("liveness public.{table}")])],
+        "{report:?}"
+    );
+    for e in [
+        s.stat(&ka).await.unwrap_err(),
+        s.get(&ka).await.unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), alkblobs::ErrorKind::Lost, "{e}");
+    }
+    let status: String = c
+        .query_one(
+            "SELECT status FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "critical");
+    let _ = s.put(a).await.unwrap();
+    assert!(s.verify().await.unwrap().is_clean());
+    s.close().await.unwrap();
+}

@@ -227,6 +227,27 @@ async fn fleet_pg_lo_a_lost_large_object_named_by_its_liveness_table() {
     assert_eq!(report.checked, 1, "{report:?}");
     assert_eq!(store.stat(&kb).await.unwrap_err().kind(), ErrorKind::Lost);
     assert_eq!(health(&c, &pool).await.0, "critical");
+    // Once nothing references it, the lost entry is collected: its
+    // object's absence does not make every sweep of the pool fail.
+    c.execute(
+        &format!("DELETE FROM {table} WHERE key = $1"),
+        &[&kb.as_bytes().to_vec()],
+    )
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let r = store
+            .sweep(alkblobs::SweepOptions::new().window(std::time::Duration::ZERO))
+            .await
+            .unwrap();
+        assert!(r.aborted.is_none(), "{r:?}");
+    }
+    assert!(
+        store.stat(&kb).await.unwrap().is_none(),
+        "the lost entry was collected"
+    );
+    let after = store.verify().await.unwrap();
+    assert!(after.is_clean() && after.checked == 1, "{after:?}");
     store.close().await.unwrap();
 }
 
@@ -367,6 +388,22 @@ async fn the_record_is_read_only_by_roles_with_access_to_the_pool() {
         assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501", "{sql}: {e}");
     }
     let e = o
+        .execute(
+            "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
+            &[&pool],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501");
+    // A reader of the pool reads its record, but cannot record a run:
+    // a reader (the monitoring role) must not clear a pool's alarm.
+    let reader = alkblobs_tests::pg::login_role(&c, "vfreader", "alkblobs_reader").await;
+    alkblobs_tests::pg::grant_pool(&c, &pool, &reader, "read").await;
+    let r = alkblobs_tests::pg::connect_as(&reader).await;
+    r.query("SELECT * FROM alkblobs_verify_records($1)", &[&pool])
+        .await
+        .unwrap();
+    let e = r
         .execute(
             "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
             &[&pool],

@@ -42,7 +42,7 @@ impl PoolRecord for Scripted {
             .map(file)
             .collect())
     }
-    async fn lookup(&self, keys: &[Vec<u8>]) -> Result<Vec<Record>> {
+    async fn lookup(&self, keys: &[Vec<u8>], _refs: bool) -> Result<Vec<Record>> {
         let now = self.now.lock().unwrap();
         let mut out: Vec<Record> = now
             .iter()
@@ -58,9 +58,9 @@ impl PoolRecord for Scripted {
     fn tier_recorded(&self) -> bool {
         true
     }
-    async fn finished(&self, outcome: &VerifyOutcome) -> Result<()> {
+    async fn finished(&self, outcome: &VerifyOutcome) -> Result<bool> {
         *self.outcome.lock().unwrap() = Some(*outcome);
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -27,7 +27,7 @@ impl Store {
         let Some(large) = self.large() else {
             return Ok(());
         };
-        let found = record.lookup(&[key.as_bytes().to_vec()]).await?;
+        let found = record.lookup(&[key.as_bytes().to_vec()], false).await?;
         let Some(Held::File { generation }) = found.first().and_then(|r| r.held) else {
             return Ok(());
         };

@@ -98,6 +98,10 @@ pub struct VerifyReport {
     pub unchecked_sources: Vec<UncheckedSource>,
     /// Whether the whole pool was verified (not a slice of it).
     pub whole: bool,
+    /// Whether the outcome was kept in the pool's database (a PostgreSQL
+    /// pool keeps the runs of roles with sweep access, which
+    /// `alkblobs_health` reads).
+    pub recorded: bool,
     /// Large blobs whose content is intact but that have no outboard
     /// (stored before outboards existed): their ranges are verified by
     /// reading them whole until [`VerifyOptions::repair_outboards`].
@@ -226,14 +230,32 @@ async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Che
         Ok(None) => return Ok(Check::Vanished),
         Err(e) => return lost(e),
     };
-    let reader = match tier {
-        Tier::Kv => engine
-            .get(key)
-            .await
-            .map(|v| v.map(|b| Box::pin(std::io::Cursor::new(b)) as BlobReader)),
-        Tier::Large => store.large_engine()?.open_read(key).await,
-    };
-    let reader = match reader {
+    if tier == Tier::Kv {
+        // A kv value is at most the threshold and arrives whole: hash it
+        // as it is (no reader, no buffer: a 1 MiB buffer zeroed per key
+        // cost more than the hashing of small values).
+        let v = match engine.get(key).await {
+            Ok(Some(v)) => v,
+            Ok(None) => return Ok(Check::Vanished),
+            Err(e) => return lost(e),
+        };
+        let n = v.len() as u64;
+        let actual = Key::from_hash(blake3::hash(&v));
+        if actual != *key {
+            return Ok(Check::Corrupt(
+                n,
+                format!("content ({n} bytes) hashes to {actual}"),
+            ));
+        }
+        if n != recorded {
+            return Ok(Check::Corrupt(
+                n,
+                format!("recorded size is {recorded} bytes but the content has {n}"),
+            ));
+        }
+        return Ok(Check::Ok(n, Outboard::Good));
+    }
+    let reader = match store.large_engine()?.open_read(key).await {
         Ok(r) => r,
         Err(e) => return lost(e),
     };
@@ -243,7 +265,7 @@ async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Che
     // One pass gives the key and, for a large blob, the outboard to hold
     // the stored one against.
     let mut builder = outboard::Builder::new();
-    let mut buf = vec![0u8; 1024 * 1024];
+    let mut buf = vec![0u8; recorded.clamp(1, 1 << 20) as usize];
     let mut n = 0u64;
     loop {
         let got = match reader.read(&mut buf).await {
@@ -412,7 +434,7 @@ impl Store {
                     self.find_unrecorded(record.as_ref(), &opts, &mut report)
                         .await?;
                 }
-                record
+                report.recorded = record
                     .finished(&crate::record::VerifyOutcome {
                         started,
                         whole: report.whole,
@@ -582,7 +604,7 @@ impl Store {
         if suspects.is_empty() {
             return Ok(());
         }
-        let now = record.lookup(&suspects).await?;
+        let now = record.lookup(&suspects, true).await?;
         let mut found = now.into_iter().peekable();
         for k in suspects {
             while found.peek().is_some_and(|r| r.key < k) {
@@ -636,7 +658,7 @@ impl Store {
                 batch.push(k.as_bytes().to_vec());
             }
             if batch.len() == RECORD_PAGE || (next.is_none() && !batch.is_empty()) {
-                let known = record.lookup(&batch).await?;
+                let known = record.lookup(&batch, false).await?;
                 let held: std::collections::HashSet<&[u8]> = known
                     .iter()
                     .filter(|r| r.held.is_some())

@@ -31,6 +31,11 @@ pub async fn verify(ctx: &Ctx, opts: VerifyOptions) -> Res {
         print_json(&report)?;
     } else {
         print_text(&report);
+        if store.record().is_some() && !report.recorded {
+            println!(
+                "not recorded in the pool's health (alkblobs_health): that needs sweep access to the pool"
+            );
+        }
     }
     if report.is_clean() {
         return Ok(());
