@@ -445,6 +445,11 @@ async fn killed_writer_processes_leave_nothing_torn() {
             "round {round}: torn {:?}",
             report.corrupt
         );
+        assert!(
+            report.missing.is_empty(),
+            "round {round}: verify says lost: {:?}",
+            report.missing
+        );
         for k in &returned {
             assert!(
                 store.has(k).await.unwrap(),

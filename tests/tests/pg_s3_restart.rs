@@ -107,6 +107,7 @@ async fn a_restart_between_an_s3_pin_and_its_publish_loses_nothing() {
     );
     let v = store.verify().await.unwrap();
     assert!(v.corrupt.is_empty(), "{:?}", v.corrupt);
+    assert!(v.missing.is_empty(), "verify says lost: {:?}", v.missing);
     drop((kept, again, first));
     store.close().await.unwrap();
 }
