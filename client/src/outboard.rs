@@ -91,12 +91,25 @@ pub struct Builder {
     groups: u64,
     /// The outboard so far: pairs in post order.
     outboard: Vec<u8>,
+    /// Hash a large update's groups on every core (rayon); off where the
+    /// caller already runs several builders at once.
+    sequential: bool,
 }
 
 impl Builder {
     /// An empty builder.
     pub fn new() -> Builder {
         Builder::default()
+    }
+
+    /// An empty builder that hashes on the calling thread only: for a
+    /// caller that already runs several at once (`verify --jobs`), where
+    /// handing groups to other cores costs more in wake-ups than it saves.
+    pub fn sequential() -> Builder {
+        Builder {
+            sequential: true,
+            ..Builder::default()
+        }
     }
 
     /// Bytes seen so far.
@@ -146,7 +159,7 @@ impl Builder {
         let whole = (data.len() - 1) / group;
         let (body, rest) = data.split_at(whole * group);
         let first = self.groups;
-        let cvs: Vec<ChainingValue> = if whole >= PARALLEL_GROUPS {
+        let cvs: Vec<ChainingValue> = if whole >= PARALLEL_GROUPS && !self.sequential {
             use rayon::prelude::*;
             body.par_chunks(group)
                 .enumerate()

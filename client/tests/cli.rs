@@ -712,3 +712,35 @@ fn put_r_stores_a_tree_and_reports_what_it_could_not_read_at_the_end() {
         groups_blob(100_000)[..10]
     );
 }
+
+/// An embedded store's large tier is its own index: a rooted blob whose
+/// file is removed is missing (exit 4, named as a root), and so is every
+/// root when nothing is readable; a corrupt blob's bytes count in the
+/// summary. (An unrooted blob whose file vanishes cannot be told from one
+/// never stored: docs/operations.md, "Verify".)
+#[test]
+fn verify_names_a_root_whose_file_was_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("a.bin"), vec![3u8; 3 << 20]).unwrap();
+    std::fs::write(d.join("b.bin"), vec![4u8; 300_000]).unwrap();
+    let a = ok(d, &["put", "--root", "a.bin"]).trim().to_owned();
+    let b = ok(d, &["put", "b.bin"]).trim().to_owned();
+    std::fs::remove_file(d.join("data/large/blobs").join(&a[0..2]).join(&a)).unwrap();
+    let path = d.join("data/large/blobs").join(&b[0..2]).join(&b);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let o = run(d, &["verify"]);
+    assert_eq!(code(&o), 4, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains(&format!("missing  {a}  (no content; referenced by root)")),
+        "{out}"
+    );
+    assert!(out.contains(&format!("corrupt  {b}")), "{out}");
+    // The corrupt blob's 300,000 bytes were read and count.
+    assert!(out.contains("verified 1 blobs (292.97 KiB)"), "{out}");
+    let o = run(d, &["stat", &a]);
+    assert_eq!(code(&o), 3, "an embedded store cannot tell lost from never stored");
+}

@@ -100,13 +100,26 @@ BEGIN
                  LIMIT 10000) u;
         invalid_sources := 0;
         why := '{}';
-        FOR l IN SELECT lv.relid FROM alkblobs.liveness lv WHERE lv.pool = pl.id
+        FOR l IN SELECT lv.relid, lv.pending, lv.forward_refs, lv.guard_seen FROM alkblobs.liveness lv WHERE lv.pool = pl.id
                     AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = lv.relid) ORDER BY lv.relid LOOP
             BEGIN
                 prob := alkblobs.source_problem_top(l.relid);
             EXCEPTION WHEN OTHERS THEN
                 prob := 'cannot be checked: ' || SQLERRM;
             END;
+            -- What the sweeps see, not only the table's definition: rows
+            -- that reached it past its guard (before registration, through
+            -- ATTACH PARTITION or a disabled guard, or from a restore) are
+            -- checked by the next sweep (alkblobs.check_sources), which
+            -- aborts while one names content the pool does not hold. While
+            -- such rows wait and the pool's last sweep aborted that way,
+            -- the table is invalid here too. (Health does not scan the
+            -- table itself: it stays cheap.)
+            IF prob IS NULL AND last_row.aborted = 'liveness_table_invalid'
+               AND (l.pending IS NOT NULL
+                    OR (NOT l.forward_refs AND l.guard_seen IS DISTINCT FROM alkblobs.guard_state(l.relid))) THEN
+                prob := 'has rows not yet checked since they bypassed its guard, and the last sweep aborted on them: rows naming keys the pool does not hold (delete them, or put the content)';
+            END IF;
             IF prob IS NOT NULL THEN
                 invalid_sources := invalid_sources + 1;
                 why := why || format('liveness table %s %s', l.relid::regclass, prob);

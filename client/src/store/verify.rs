@@ -264,7 +264,8 @@ async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Che
     };
     // One pass gives the key and, for a large blob, the outboard to hold
     // the stored one against.
-    let mut builder = outboard::Builder::new();
+    // (Sequential: `--jobs` blobs are hashed at once already.)
+    let mut builder = outboard::Builder::sequential();
     let mut buf = vec![0u8; recorded.clamp(1, 1 << 20) as usize];
     let mut n = 0u64;
     loop {
