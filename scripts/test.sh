@@ -11,7 +11,7 @@
 #   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
 #      runs the golden SQL tests (scripts/regress.sh), the PostgreSQL race,
 #      protocol, privilege, liveness-registration, local-tier, argument,
-#      randomized, peer-race and review-queue suites and the engine
+#      randomized, peer-race, review-queue and verify suites and the engine
 #      conformance suites over real connections (pools on the default
 #      'queue' collector), then the race and hardening suites again over
 #      the full-mark collector ('mark', the database's default for them);
@@ -109,8 +109,8 @@ echo "extension created in $url"
 step "golden SQL tests (pg_regress)"
 scripts/regress.sh
 
-step "PostgreSQL race, protocol, privilege, liveness-registration, local-tier, argument, randomized and engine suites"
-ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring --test pg_peer_races --test pg_review_queue
+step "PostgreSQL race, protocol, privilege, liveness-registration, local-tier, argument, randomized, engine and verify suites"
+ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_CA=$(scripts/pg-cluster.sh ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_protocol --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_fleet --test pg_scheduler --test pg_monitoring --test pg_peer_races --test pg_review_queue --test pg_verify
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs --features pg-tests --test cli_pg
 
 step "the race and hardening suites again over the full-mark collector (pools created with collector 'mark': the database's default for this run)"

@@ -366,6 +366,18 @@ async fn unregistration_after_a_sweep_at_every_isolation_level() {
     }
 }
 
+/// `alkblobs_health`'s status, invalid_sources and reasons for `pool`.
+async fn pool_health(c: &Client, pool: &str) -> (String, i64, Vec<String>) {
+    let r = c
+        .query_one(
+            "SELECT status, invalid_sources, reasons FROM alkblobs_health WHERE pool = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
 /// Rows that reached a registered table while its guard was off (DISABLE
 /// then ENABLE TRIGGER, a partition attached with rows already in it) are
 /// checked by the next sweep, which aborts while one names content the
@@ -403,24 +415,14 @@ async fn rows_written_past_a_disabled_guard_make_the_next_sweep_check_every_row(
         "a row written past the guard went unchecked"
     );
     // Health says what the sweeps see: every sweep aborts, so critical.
-    let health = |c: &Client, pool: String| async move {
-        let r = c
-            .query_one(
-                "SELECT status, invalid_sources, reasons FROM alkblobs_health WHERE pool = $1",
-                &[&pool],
-            )
-            .await
-            .unwrap();
-        (r.get::<_, String>(0), r.get::<_, i64>(1), r.get::<_, Vec<String>>(2))
-    };
-    let (status, invalid, reasons) = health(&c, pool.clone()).await;
+    let (status, invalid, reasons) = pool_health(&c, &pool).await;
     assert_eq!((status.as_str(), invalid), ("critical", 1), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains(&t)), "{reasons:?}");
     c.execute(&format!("DELETE FROM {t} WHERE key = $1"), &[&absent])
         .await
         .unwrap();
     assert_eq!(try_sweep(&c, &pool).await, Ok((0, None)));
-    let (status, invalid, reasons) = health(&c, pool.clone()).await;
+    let (status, invalid, reasons) = pool_health(&c, &pool).await;
     assert_eq!((status.as_str(), invalid), ("ok", 0), "{reasons:?}");
 
     // A partitioned table: a partition attached with a row already in it.
