@@ -7,7 +7,7 @@ MUTATIONS = [
       what="verify of a PostgreSQL pool walks the engines' listings instead of the pool's record",
       file="client/src/store/verify.rs",
       find="        match self.inner.record.clone() {\n            Some(record) => {",
-      replace="        match None::<Arc<dyn PoolRecord>> {\n            Some(record) => {",
+      replace="        match None::<std::sync::Arc<dyn PoolRecord>> {\n            Some(record) => {",
       kind="rust",
       tests=["fleet_shared_local_a_removed_file_is_missing_and_reads_call_it_lost",
              "fleet_pg_lo_a_lost_large_object_named_by_its_liveness_table"]),
@@ -15,8 +15,11 @@ MUTATIONS = [
     M(id="verify-stops-at-a-lost-object",
       what="a lost large object ends the verify with an error instead of being one missing key",
       file="client/src/store/verify.rs",
-      find="        Error::Lost { .. } => Ok(Check::Lost),",
-      replace="        Error::Lost { .. } => Err(e),",
+      # (Both guards: the record's lo_lost, and a Lost from the engine.)
+      find=["        Error::Lost { .. } => Ok(Check::Lost),",
+            "            Some(Held::LargeObjectLost) => RecordCheck::Gone,"],
+      replace=["        Error::Lost { .. } => Err(e),",
+               "            Some(Held::LargeObjectLost) => RecordCheck::Content(\n                Tier::Large,\n                check(self, Tier::Large, &key, opts.repair_outboards).await?,\n            ),"],
       kind="rust",
       tests=["single_instance_pg_lo_a_lost_large_object_is_one_missing_root_and_a_reput_restores_it"]),
     # References count: a liveness row names what must exist.
