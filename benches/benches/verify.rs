@@ -104,7 +104,9 @@ fn main() {
         .unwrap();
     let count = 48u64;
     for i in 0..count {
-        let _ = rt.block_on(store.put(data(1_000_000 + i, 1 << 20))).unwrap();
+        let _ = rt
+            .block_on(store.put(data(1_000_000 + i, 1 << 20)))
+            .unwrap();
     }
     let mut paths = Vec::new();
     files(&root.join("large"), &mut paths);
@@ -121,7 +123,10 @@ fn main() {
             for p in &paths {
                 let v = std::fs::read(p).unwrap();
                 let h = blake3::hash(&v);
-                assert_eq!(h.to_hex().as_str(), p.file_name().unwrap().to_str().unwrap());
+                assert_eq!(
+                    h.to_hex().as_str(),
+                    p.file_name().unwrap().to_str().unwrap()
+                );
                 bytes += v.len() as u64;
             }
             (count, bytes)
@@ -166,7 +171,9 @@ fn pg_lo(rt: &tokio::runtime::Runtime, url: &str) {
         .unwrap();
     let count = 32u64;
     for i in 0..count {
-        let _ = rt.block_on(store.put(data(2_000_000 + i, 1 << 20))).unwrap();
+        let _ = rt
+            .block_on(store.put(data(2_000_000 + i, 1 << 20)))
+            .unwrap();
     }
     header("verify of 32 pg-lo blobs of 1 MiB (single-instance pool) vs lo_get + BLAKE3");
     let mut a = |lat: &mut Lat| {

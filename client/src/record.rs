@@ -97,6 +97,13 @@ pub trait PoolRecord: Send + Sync + std::fmt::Debug {
     /// shared tier), so that an object no record names is `unrecorded`.
     fn tier_recorded(&self) -> bool;
 
+    /// Whether the record holds the large tier's content one by one (large
+    /// objects as entries, a fleet's file records; or there is no large
+    /// tier). `false` for a single-instance pool on `local` or `s3`, whose
+    /// tier is its own index: verify then hashes what that tier lists, and
+    /// a reference into it is missing only if the tier does not hold it.
+    fn large_indexed(&self) -> bool;
+
     /// Keeps the outcome of a verify where operators look. `Ok(false)`
     /// when the caller may not record it (a PostgreSQL pool records the
     /// runs of roles with sweep access only).

@@ -714,9 +714,8 @@ fn put_r_stores_a_tree_and_reports_what_it_could_not_read_at_the_end() {
 }
 
 /// An embedded store's large tier is its own index: a rooted blob whose
-/// file is removed is missing (exit 4, named as a root), and so is every
-/// root when nothing is readable; a corrupt blob's bytes count in the
-/// summary. (An unrooted blob whose file vanishes cannot be told from one
+/// file is removed is missing (exit 4, named as a root); a corrupt blob's
+/// bytes count in the summary. (An unrooted blob whose file vanishes cannot be told from one
 /// never stored: docs/operations.md, "Verify".)
 #[test]
 fn verify_names_a_root_whose_file_was_removed() {
@@ -742,5 +741,9 @@ fn verify_names_a_root_whose_file_was_removed() {
     // The corrupt blob's 300,000 bytes were read and count.
     assert!(out.contains("verified 1 blobs (292.97 KiB)"), "{out}");
     let o = run(d, &["stat", &a]);
-    assert_eq!(code(&o), 3, "an embedded store cannot tell lost from never stored");
+    assert_eq!(
+        code(&o),
+        3,
+        "an embedded store cannot tell lost from never stored"
+    );
 }

@@ -450,6 +450,10 @@ async fn killed_writer_processes_leave_nothing_torn() {
             "round {round}: verify says lost: {:?}",
             report.missing
         );
+        assert!(
+            report.checked >= returned.len() as u64,
+            "round {round}: {report:?}"
+        );
         for k in &returned {
             assert!(
                 store.has(k).await.unwrap(),

@@ -697,7 +697,12 @@ async fn instances_killed_mid_put_leave_nothing_torn_in_any_tier() {
         assert!(v.corrupt.is_empty(), "{tier}: torn {:?}", v.corrupt);
         // Verify walks the pool's record: it agrees that nothing recorded
         // was lost, whatever the killed writers left in flight.
-        assert!(v.missing.is_empty(), "{tier}: verify says lost: {:?}", v.missing);
+        assert!(
+            v.missing.is_empty(),
+            "{tier}: verify says lost: {:?}",
+            v.missing
+        );
+        assert!(v.checked >= returned.len() as u64, "{tier}: {v:?}");
         for k in &returned {
             assert!(
                 s.has(k).await.unwrap(),

@@ -492,6 +492,7 @@ async fn fleet_writers_killed_mid_put_leave_nothing_torn() {
     let v = s.verify().await.unwrap();
     assert!(v.corrupt.is_empty(), "torn: {:?}", v.corrupt);
     assert!(v.missing.is_empty(), "verify says lost: {:?}", v.missing);
+    assert!(v.checked >= returned.len() as u64, "{v:?}");
     for k in &returned {
         assert!(s.has(k).await.unwrap(), "a returned put was lost: {k}");
     }

@@ -19,6 +19,9 @@ struct Scripted {
     keys: Vec<Key>,
     now: Mutex<Vec<Key>>,
     outcome: Mutex<Option<VerifyOutcome>>,
+    /// A key the first page leaves out (deleted between the statement that
+    /// picked the page and the one that described it): a short page.
+    drop_once: Mutex<Option<Key>>,
 }
 
 fn file(k: &Key) -> Record {
@@ -35,10 +38,12 @@ impl PoolRecord for Scripted {
     async fn page(&self, after: Option<&[u8]>, limit: usize) -> Result<Vec<Record>> {
         let mut keys = self.keys.clone();
         keys.sort();
+        let dropped = self.drop_once.lock().unwrap().take();
         Ok(keys
             .iter()
             .filter(|k| after.is_none_or(|a| k.as_bytes().as_slice() > a))
             .take(limit)
+            .filter(|k| Some(**k) != dropped)
             .map(file)
             .collect())
     }
@@ -58,6 +63,9 @@ impl PoolRecord for Scripted {
     fn tier_recorded(&self) -> bool {
         true
     }
+    fn large_indexed(&self) -> bool {
+        true
+    }
     async fn finished(&self, outcome: &VerifyOutcome) -> Result<bool> {
         *self.outcome.lock().unwrap() = Some(*outcome);
         Ok(true)
@@ -74,7 +82,7 @@ async fn a_sweep_racing_verify_is_not_a_loss() {
         // By the re-check a sweep has deleted `swept` and its record; the
         // record still names `lost`.
         now: Mutex::new(vec![held, lost]),
-        outcome: Mutex::new(None),
+        ..Scripted::default()
     });
     let store = Store::builder()
         .kv(MemBackend::new())
@@ -99,4 +107,44 @@ async fn a_sweep_racing_verify_is_not_a_loss() {
         .unwrap()
         .expect("the outcome reached the record");
     assert_eq!((o.whole, o.checked, o.missing, o.corrupt), (true, 1, 1, 0));
+}
+
+/// Many pages, one of them short in the middle (a key deleted between the
+/// two statements that read a page): the walk goes on to the empty page,
+/// every key once; `after` resumes past a key, `until` stops at one.
+#[tokio::test]
+async fn the_walk_goes_on_past_a_short_page_and_honours_its_bounds() {
+    let values: Vec<Vec<u8>> = (0..25u32)
+        .map(|i| format!("value {i}").into_bytes())
+        .collect();
+    let mut keys: Vec<Key> = values.iter().map(|v| Key::of(v)).collect();
+    keys.sort();
+    let record = Arc::new(Scripted {
+        keys: keys.clone(),
+        now: Mutex::new(keys.clone()),
+        drop_once: Mutex::new(Some(keys[3])),
+        ..Scripted::default()
+    });
+    let store = Store::builder()
+        .kv(MemBackend::new())
+        .large(MemBackend::new())
+        .threshold(1)
+        .record(record.clone())
+        .build()
+        .unwrap();
+    for v in &values {
+        let _ = store.put(v.clone()).await.unwrap();
+    }
+    let opts = alkblobs::VerifyOptions::default().page(10);
+    let report = store.verify_with_options(opts, |_| {}).await.unwrap();
+    assert!(report.is_clean() && report.whole, "{report:?}");
+    assert_eq!(
+        report.checked, 24,
+        "every key but the one dropped: {report:?}"
+    );
+    let slice = store
+        .verify_with_options(opts.after(Some(keys[4])).until(Some(keys[20])), |_| {})
+        .await
+        .unwrap();
+    assert!(!slice.whole && slice.checked == 16, "{slice:?}");
 }

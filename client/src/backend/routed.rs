@@ -158,6 +158,13 @@ impl Inner {
                 expected: *k,
                 actual: *k,
             },
+            // The storage node's pool records the key, its content is gone:
+            // an integrity failure, not something a retry mends.
+            (_, "lost", Some(k)) => Error::Lost {
+                key: *k,
+                engine: self.display.clone(),
+                detail: format!("{what}: the storage node reports it lost"),
+            },
             (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, ..) => Error::Config(format!(
                 "{}: {what}: the storage node refused ({status}, {code}): check the routed tier's token",
                 self.display

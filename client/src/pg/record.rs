@@ -16,6 +16,7 @@ use crate::{Error, Result};
 pub struct PgRecord {
     pg: PgPool,
     tier_recorded: bool,
+    large_indexed: bool,
 }
 
 impl PgRecord {
@@ -25,7 +26,13 @@ impl PgRecord {
         // single-instance pool's local or s3 tier is its own index.
         let tier_recorded = info.mode == PoolMode::Fleet
             && matches!(info.large_tier, PoolLargeTier::Local | PoolLargeTier::S3);
-        PgRecord { pg, tier_recorded }
+        let large_indexed =
+            tier_recorded || matches!(info.large_tier, PoolLargeTier::PgLo | PoolLargeTier::None);
+        PgRecord {
+            pg,
+            tier_recorded,
+            large_indexed,
+        }
     }
 
     fn engine(&self) -> String {
@@ -123,6 +130,10 @@ impl PoolRecord for PgRecord {
 
     fn tier_recorded(&self) -> bool {
         self.tier_recorded
+    }
+
+    fn large_indexed(&self) -> bool {
+        self.large_indexed
     }
 
     async fn finished(&self, o: &VerifyOutcome) -> Result<bool> {

@@ -105,6 +105,7 @@ impl Store {
     pub async fn range_check(&self, key: &Key) -> Result<Option<RangeCheck>> {
         self.check_open()?;
         let Some((size, tier)) = self.first(self.kv().size(key), |l| l.size(key)).await? else {
+            self.absent_unless_lost(key).await?;
             return Ok(None);
         };
         if tier == Tier::Kv || outboard::outboard_len(size) == 0 {

@@ -18,8 +18,11 @@ impl Store {
     /// pool's record says its content must be there — a published file of
     /// a fleet's shared tier that the tier no longer holds — which is
     /// [`Error::Lost`], not "never stored". (A large-object entry whose
-    /// object is gone is reported by its engine, from the database.) One
-    /// lookup, only on a miss, only where the tier is recorded.
+    /// object is gone is reported by its engine, from the database.) Only
+    /// on a miss, only where the tier is recorded: a lookup; and where it
+    /// names a published file, the tier asked again and the record looked
+    /// up again — a put that published it meanwhile, or a sweep that
+    /// claimed and deleted it meanwhile, is no loss.
     pub(super) async fn absent_unless_lost(&self, key: &Key) -> Result<()> {
         let Some(record) = self.inner.record.as_ref().filter(|r| r.tier_recorded()) else {
             return Ok(());
@@ -27,12 +30,17 @@ impl Store {
         let Some(large) = self.large() else {
             return Ok(());
         };
-        let found = record.lookup(&[key.as_bytes().to_vec()], false).await?;
-        let Some(Held::File { generation }) = found.first().and_then(|r| r.held) else {
+        let published = || async {
+            let found = record.lookup(&[key.as_bytes().to_vec()], false).await?;
+            Ok::<_, Error>(match found.first().and_then(|r| r.held) {
+                Some(Held::File { generation }) => Some(generation),
+                _ => None,
+            })
+        };
+        let Some(generation) = published().await? else {
             return Ok(());
         };
-        // Not a put that published it between the read and the lookup.
-        if large.has(key).await? {
+        if large.has(key).await? || published().await? != Some(generation) {
             return Ok(());
         }
         Err(Error::Lost {

@@ -2,6 +2,7 @@
 //! checks the pool against its record of what must exist (a PostgreSQL
 //! pool's database; an embedded store's engines and roots).
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -36,9 +37,8 @@ pub struct MissingEntry {
     /// What references it: `root`, or `liveness <table>`; empty when only
     /// the pool's record names it.
     pub referenced_by: Vec<String>,
-    /// What the pool records for it: `kv`, `large_object`,
-    /// `large_object_lost`, `file`, or `none` (only references name it).
-    pub recorded: String,
+    /// What the pool records for it (`None`: only references name it).
+    pub recorded: Option<Held>,
 }
 
 /// A key of the record that is not a key (a liveness row of the wrong
@@ -92,6 +92,9 @@ pub struct VerifyReport {
     /// Keys named only by liveness tables registered with forward
     /// references and not put yet: not missing.
     pub forward: u64,
+    /// Recorded keys this store cannot read (a kv-only node of a pool
+    /// with a large tier): not checked, so the run is not whole.
+    pub skipped: u64,
     /// References that could not be checked (a liveness table the caller
     /// may not read, or that fails validation): a key only they name is
     /// not checked.
@@ -127,6 +130,8 @@ pub struct VerifyOptions {
     pub after: Option<Key>,
     /// Verify only keys up to this one, inclusive.
     pub until: Option<Key>,
+    /// Keys of a pool's record read per page (1 to 10,000).
+    pub page: usize,
 }
 
 impl Default for VerifyOptions {
@@ -136,6 +141,7 @@ impl Default for VerifyOptions {
             jobs: 2,
             after: None,
             until: None,
+            page: 1000,
         }
     }
 }
@@ -163,6 +169,12 @@ impl VerifyOptions {
     /// Only keys up to `key` (inclusive).
     pub fn until(mut self, key: Option<Key>) -> Self {
         self.until = key;
+        self
+    }
+
+    /// Keys of a pool's record read per page (clamped to 1..=10,000).
+    pub fn page(mut self, keys: usize) -> Self {
+        self.page = keys.clamp(1, 10_000);
         self
     }
 
@@ -359,6 +371,7 @@ impl Store {
     pub async fn get_verified(&self, key: &Key) -> Result<Option<Bytes>> {
         self.check_open()?;
         let Some((v, tier)) = self.first(self.kv().get(key), |l| l.get(key)).await? else {
+            self.absent_unless_lost(key).await?;
             return Ok(None);
         };
         let actual = hash(&v).await;
@@ -389,8 +402,8 @@ impl Store {
         }))
     }
 
-    /// Re-hashes every entry of both tiers (streaming large ones) and checks
-    /// that every root exists.
+    /// Re-hashes every blob the store must hold (streaming large ones) and
+    /// names what is corrupt or missing; see [`Store::verify_with_options`].
     pub async fn verify(&self) -> Result<VerifyReport> {
         self.verify_with(|_| {}).await
     }
@@ -431,10 +444,16 @@ impl Store {
                 let started = std::time::SystemTime::now();
                 self.verify_record(record.as_ref(), &opts, &progress, &mut report)
                     .await?;
+                if !record.large_indexed() && self.large().is_some() {
+                    self.verify_large_listing(&opts, &progress, &mut report)
+                        .await?;
+                }
                 if record.tier_recorded() && self.large().is_some() {
                     self.find_unrecorded(record.as_ref(), &opts, &mut report)
                         .await?;
                 }
+                // Not whole if part of the record could not be read here.
+                report.whole &= report.skipped == 0 && report.unchecked_sources.is_empty();
                 report.recorded = record
                     .finished(&crate::record::VerifyOutcome {
                         started,
@@ -490,14 +509,17 @@ impl Store {
                 report.missing.push(MissingEntry {
                     key: root,
                     referenced_by: vec!["root".to_owned()],
-                    recorded: "none".into(),
+                    recorded: None,
                 });
             }
         }
         Ok(())
     }
 
-    /// A pool with a record: walk it, page by page.
+    /// A pool with a record: walk it, page by page, until a page comes
+    /// back empty (a page can be short in the middle: its keys are picked
+    /// and described by two statements, and a key a sweep deleted between
+    /// them drops out) or passes `until`.
     async fn verify_record(
         &self,
         record: &dyn PoolRecord,
@@ -513,21 +535,21 @@ impl Store {
             .collect();
         let mut after: Option<Vec<u8>> = opts.after.map(|k| k.as_bytes().to_vec());
         loop {
-            let page = record.page(after.as_deref(), RECORD_PAGE).await?;
+            let page = record.page(after.as_deref(), opts.page).await?;
             let Some(last) = page.last() else {
                 return Ok(());
             };
             after = Some(last.key.clone());
-            let full = page.len() == RECORD_PAGE;
             let past_end = |r: &Record| {
                 opts.until
                     .is_some_and(|u| r.key.as_slice() > u.as_bytes().as_slice())
             };
-            let done = !full || page.last().is_some_and(past_end);
+            let done = page.last().is_some_and(past_end);
             let page: Vec<Record> = page.into_iter().filter(|r| !past_end(r)).collect();
             // Each record's content, `jobs` at a time, in key order.
+            let indexed = record.large_indexed();
             let checks = futures::stream::iter(page.into_iter().map(|r| async move {
-                let c = self.check_record(&r, opts).await?;
+                let c = self.check_record(&r, opts, indexed).await?;
                 Ok::<_, Error>((r, c))
             }))
             .buffered(opts.jobs.max(1));
@@ -535,11 +557,12 @@ impl Store {
             let mut suspects: Vec<Vec<u8>> = Vec::new();
             while let Some((r, c)) = checks.try_next().await? {
                 match (r.key(), c) {
-                    (_, RecordCheck::Skip) => {}
                     (None, _) => report.malformed.push(MalformedKey {
                         value: hex(&r.key),
                         referenced_by: r.refs.clone(),
                     }),
+                    (Some(_), RecordCheck::Skip) => report.skipped += 1,
+                    (Some(_), RecordCheck::Listed) => {}
                     (Some(key), RecordCheck::Content(tier, c)) => {
                         if let Some(Check::Lost | Check::Vanished) =
                             tally(report, tier, key, c, opts)
@@ -564,8 +587,14 @@ impl Store {
         }
     }
 
-    /// What one key of the record needs.
-    async fn check_record(&self, r: &Record, opts: &VerifyOptions) -> Result<RecordCheck> {
+    /// What one key of the record needs. `indexed`: the record holds the
+    /// large tier's content one by one ([`PoolRecord::large_indexed`]).
+    async fn check_record(
+        &self,
+        r: &Record,
+        opts: &VerifyOptions,
+        indexed: bool,
+    ) -> Result<RecordCheck> {
         let Some(key) = r.key() else {
             // (Named as malformed by the caller.)
             return Ok(RecordCheck::Gone);
@@ -580,13 +609,23 @@ impl Store {
                     Tier::Large,
                     check(self, Tier::Large, &key, opts.repair_outboards).await?,
                 ),
-                // A node without the pool's large tier (kv-only, routed
-                // through another node) cannot read it: not a loss here.
+                // A kv-only node cannot read the pool's large tier: not a
+                // loss here, and not a whole verify either.
                 None => RecordCheck::Skip,
             },
             Some(Held::LargeObjectLost) => RecordCheck::Gone,
             Some(Held::InFlight | Held::Deleting) => RecordCheck::InFlight,
             None if r.forward_only() => RecordCheck::Forward,
+            // A reference into a large tier that is its own index (a
+            // single-instance pool on local or s3): the walk of its
+            // listing hashes the blob; here, only whether it is there.
+            None if !indexed && self.large().is_some() => {
+                if self.large_engine()?.has(&key).await? {
+                    RecordCheck::Listed
+                } else {
+                    RecordCheck::Gone
+                }
+            }
             None => RecordCheck::Gone,
         })
     }
@@ -594,7 +633,10 @@ impl Store {
     /// Keys found without their content, looked up again before any is
     /// called missing: a sweep may have claimed it (a tombstone, or no
     /// record and no reference any more), a put may have published it
-    /// since the page was read.
+    /// since the page was read. An entry's row is its content's record,
+    /// so an entry absent at the second read was deleted, not lost; a
+    /// published file absent at the second read is looked up once more,
+    /// after that read, and missing only if still published.
     async fn recheck(
         &self,
         record: &dyn PoolRecord,
@@ -605,43 +647,91 @@ impl Store {
         if suspects.is_empty() {
             return Ok(());
         }
-        let now = record.lookup(&suspects, true).await?;
-        let mut found = now.into_iter().peekable();
+        let now: HashMap<Vec<u8>, Record> = record
+            .lookup(&suspects, true)
+            .await?
+            .into_iter()
+            .map(|r| (r.key.clone(), r))
+            .collect();
+        let indexed = record.large_indexed();
+        let mut files_gone: Vec<Record> = Vec::new();
         for k in suspects {
-            while found.peek().is_some_and(|r| r.key < k) {
-                found.next();
-            }
-            let r = match found.peek() {
-                Some(r) if r.key == k => r.clone(),
-                _ => {
-                    report.vanished += 1;
-                    continue;
-                }
+            let Some(r) = now.get(&k) else {
+                report.vanished += 1;
+                continue;
             };
             let key = r.key().expect("suspects are keys");
-            match self.check_record(&r, opts).await? {
+            match self.check_record(r, opts, indexed).await? {
                 RecordCheck::Content(tier, c) => match tally(report, tier, key, c, opts) {
-                    Some(Check::Lost | Check::Vanished)
-                        if r.held.is_some_and(|h| h.must_exist()) =>
-                    {
-                        report.missing.push(missing_entry(key, &r));
+                    Some(Check::Lost) => report.missing.push(missing_entry(key, r)),
+                    Some(_) if matches!(r.held, Some(Held::File { .. })) => {
+                        files_gone.push(r.clone())
                     }
                     Some(_) => report.vanished += 1,
                     None => {}
                 },
-                RecordCheck::Gone if r.held.is_some() || !r.refs.is_empty() => {
-                    report.missing.push(missing_entry(key, &r))
-                }
-                RecordCheck::Gone | RecordCheck::Skip => report.vanished += 1,
+                RecordCheck::Gone => report.missing.push(missing_entry(key, r)),
+                RecordCheck::Skip => report.skipped += 1,
+                RecordCheck::Listed => {}
                 RecordCheck::InFlight => report.in_flight += 1,
                 RecordCheck::Forward => report.forward += 1,
+            }
+        }
+        if files_gone.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<Vec<u8>> = files_gone.iter().map(|r| r.key.clone()).collect();
+        let last: HashMap<Vec<u8>, Record> = record
+            .lookup(&keys, true)
+            .await?
+            .into_iter()
+            .map(|r| (r.key.clone(), r))
+            .collect();
+        for r in files_gone {
+            match last.get(&r.key) {
+                Some(now) if now.held == r.held => report
+                    .missing
+                    .push(missing_entry(r.key().expect("a key"), now)),
+                _ => report.vanished += 1,
             }
         }
         Ok(())
     }
 
+    /// A large tier that is its own index under a record (a single-instance
+    /// pool on local or s3): every blob it lists is hashed, as in an
+    /// embedded store (references into it were checked by the record walk).
+    async fn verify_large_listing(
+        &self,
+        opts: &VerifyOptions,
+        progress: &impl Fn(VerifyProgress),
+        report: &mut VerifyReport,
+    ) -> Result<()> {
+        let keys = self.large_engine()?.list();
+        let checks = keys
+            .try_filter(|k| std::future::ready(opts.in_range(k.as_bytes())))
+            .map_ok(|key| async move {
+                let c = check(self, Tier::Large, &key, opts.repair_outboards).await?;
+                Ok::<_, Error>((key, c))
+            })
+            .try_buffered(opts.jobs.max(1));
+        futures::pin_mut!(checks);
+        while let Some((key, c)) = checks.try_next().await? {
+            if let Some(Check::Lost | Check::Vanished) = tally(report, Tier::Large, key, c, opts) {
+                report.vanished += 1;
+            }
+            progress(VerifyProgress {
+                checked: report.checked,
+                bytes: report.bytes,
+                at: Some(key),
+            });
+        }
+        Ok(())
+    }
+
     /// The large tier's listing against the record: objects no record
-    /// names.
+    /// names (and that are still there: one a sweep deleted with its
+    /// record after the listing is not).
     async fn find_unrecorded(
         &self,
         record: &dyn PoolRecord,
@@ -658,7 +748,7 @@ impl Store {
             if let Some(k) = &next {
                 batch.push(k.as_bytes().to_vec());
             }
-            if batch.len() == RECORD_PAGE || (next.is_none() && !batch.is_empty()) {
+            if batch.len() == opts.page || (next.is_none() && !batch.is_empty()) {
                 let known = record.lookup(&batch, false).await?;
                 let held: std::collections::HashSet<&[u8]> = known
                     .iter()
@@ -667,7 +757,10 @@ impl Store {
                     .collect();
                 for k in &batch {
                     if !held.contains(k.as_slice()) {
-                        report.unrecorded.push(Key::from_slice(k)?);
+                        let key = Key::from_slice(k)?;
+                        if large.has(&key).await? {
+                            report.unrecorded.push(key);
+                        }
                     }
                 }
                 batch.clear();
@@ -679,9 +772,6 @@ impl Store {
     }
 }
 
-/// Keys of the record read per page.
-const RECORD_PAGE: usize = 1000;
-
 /// What a key of the record needs.
 enum RecordCheck {
     /// Its content was read.
@@ -692,6 +782,8 @@ enum RecordCheck {
     InFlight,
     /// Only forward references name it.
     Forward,
+    /// In a large tier that is its own index: its listing's walk hashes it.
+    Listed,
     /// This node cannot read its tier.
     Skip,
 }
@@ -700,16 +792,7 @@ fn missing_entry(key: Key, r: &Record) -> MissingEntry {
     MissingEntry {
         key,
         referenced_by: r.refs.clone(),
-        recorded: match r.held {
-            None => "none",
-            Some(Held::Kv) => "kv",
-            Some(Held::LargeObject) => "large_object",
-            Some(Held::LargeObjectLost) => "large_object_lost",
-            Some(Held::File { .. }) => "file",
-            Some(Held::InFlight) => "in_flight",
-            Some(Held::Deleting) => "deleting",
-        }
-        .to_owned(),
+        recorded: r.held,
     }
 }
 

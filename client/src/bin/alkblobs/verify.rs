@@ -1,6 +1,7 @@
 //! `verify`: re-hash every blob the store must hold, and name what is
 //! corrupt, missing or unrecorded.
 
+use alkblobs::record::Held;
 use alkblobs::{VerifyOptions, VerifyReport};
 use indicatif::HumanBytes;
 
@@ -69,12 +70,12 @@ fn print_text(report: &VerifyReport) {
         println!("corrupt  {}  ({}: {})", c.key, c.tier, c.detail);
     }
     for m in &report.missing {
-        let recorded = match m.recorded.as_str() {
-            "none" => "no content",
-            "kv" => "recorded as a kv entry, not readable",
-            "large_object" | "large_object_lost" => "recorded, its large object is gone",
-            "file" => "recorded as published, the tier does not hold it",
-            other => other,
+        let recorded = match m.recorded {
+            None => "no content",
+            Some(Held::Kv) => "recorded as a kv entry, not readable",
+            Some(Held::LargeObject | Held::LargeObjectLost) => "recorded, its large object is gone",
+            Some(Held::File { .. }) => "recorded as published, the tier does not hold it",
+            Some(Held::InFlight | Held::Deleting) => "recorded, being put or deleted",
         };
         if m.referenced_by.is_empty() {
             println!("missing  {}  ({recorded})", m.key);
@@ -93,7 +94,15 @@ fn print_text(report: &VerifyReport) {
             m.referenced_by.join(", ")
         );
     }
-    let slice = if report.whole { "" } else { " (a slice)" };
+    let slice = if report.whole {
+        ""
+    } else if report.skipped > 0 {
+        " (not whole: this node cannot read the pool's large tier)"
+    } else if !report.unchecked_sources.is_empty() {
+        " (not whole: some references could not be read)"
+    } else {
+        " (a slice)"
+    };
     println!(
         "verified {} blobs ({}){slice}: {} corrupt, {} missing",
         report.checked,
