@@ -102,6 +102,13 @@ async fn the_monitoring_config_runs_in_the_real_exporter_and_exports_every_value
     c.batch_execute(&format!("CALL alkblobs_sweep_all('{swept}')"))
         .await
         .unwrap();
+    // A verify of it that found one key missing (what a node records).
+    c.execute(
+        "SELECT alkblobs_verify_finished($1, now(), true, 1, 9, 1, 0, 0)",
+        &[&swept],
+    )
+    .await
+    .unwrap();
     let late = alkblobs_tests::pg::pool(&c, "monlate", "0s", "60s").await;
     c.execute(
         "SELECT alkblobs_alter_pool($1, warn_after => '1 second', critical_after => '1 second')",
@@ -203,8 +210,18 @@ async fn the_monitoring_config_runs_in_the_real_exporter_and_exports_every_value
             }
         }
     }
-    // The values are the views'.
-    assert_eq!(get("alkblobs_pool_status", &swept, "status"), Some(0.0));
+    // The values are the views'. (The swept pool is critical: its last
+    // verify found content missing.)
+    assert_eq!(get("alkblobs_pool_status", &swept, "status"), Some(2.0));
+    assert_eq!(
+        get("alkblobs_pool_verify", &swept, "verify_missing"),
+        Some(1.0)
+    );
+    assert_eq!(
+        get("alkblobs_pool_verify", &late, "verify_missing"),
+        None,
+        "a pool never verified has no verify sample"
+    );
     assert_eq!(get("alkblobs_pool_status", &late, "status"), Some(2.0));
     assert_eq!(
         get("alkblobs_pool_entries", &swept, "kv_entries"),
