@@ -101,6 +101,37 @@ pub(crate) fn merge_sorted<'a>(a: KeyStream<'a>, b: KeyStream<'a>) -> KeyStream<
     }))
 }
 
+/// The keys of ascending stream `a` that ascending stream `b` does not
+/// hold, ascending. Errors are passed through as they arrive.
+pub(crate) fn subtract_sorted<'a>(a: KeyStream<'a>, b: KeyStream<'a>) -> KeyStream<'a> {
+    let state = (a, b, None::<Key>, false);
+    Box::pin(futures::stream::unfold(
+        state,
+        |(mut a, mut b, mut head_b, mut done_b)| async move {
+            loop {
+                let x = match a.next().await? {
+                    Ok(x) => x,
+                    Err(e) => return Some((Err(e), (a, b, head_b, done_b))),
+                };
+                // Advance `b` to the first key at or after `x`.
+                while !done_b && head_b.is_none_or(|y| y < x) {
+                    match b.next().await {
+                        Some(Ok(y)) => head_b = Some(y),
+                        Some(Err(e)) => return Some((Err(e), (a, b, head_b, done_b))),
+                        None => {
+                            done_b = true;
+                            head_b = None;
+                        }
+                    }
+                }
+                if head_b != Some(x) {
+                    return Some((Ok(x), (a, b, head_b, done_b)));
+                }
+            }
+        },
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +150,23 @@ mod tests {
 
     fn stream(v: Vec<Key>) -> KeyStream<'static> {
         Box::pin(futures::stream::iter(v.into_iter().map(Ok)))
+    }
+
+    #[tokio::test]
+    async fn subtract_keeps_what_the_second_lacks() {
+        let left: Vec<Key> = subtract_sorted(
+            stream(keys(&[1, 3, 5, 7, 9])),
+            stream(keys(&[0, 3, 4, 7, 8])),
+        )
+        .try_collect()
+        .await
+        .unwrap();
+        assert_eq!(left, keys(&[1, 5, 9]));
+        let none: Vec<Key> = subtract_sorted(stream(keys(&[2])), stream(keys(&[2])))
+            .try_collect()
+            .await
+            .unwrap();
+        assert!(none.is_empty());
     }
 
     #[tokio::test]

@@ -478,3 +478,75 @@ async fn single_instance_local_hashes_its_tier_and_names_a_root_whose_file_is_go
     assert_eq!(health(&c, &pool).await.0, "critical");
     store.close().await.unwrap();
 }
+
+/// An outboard whose blob is gone and that no record names (a writer
+/// stopped between its outboard and its blob) is reported by verify as
+/// unrecorded and collected by the pool's next audit: its tier listing
+/// stages the key, the claim deletes it, the outboard goes with it. And a
+/// claimed key whose blob is already gone (its first claimer deleted the
+/// blob, then died) loses its outboard too. (Issue 37's outboard leak, on
+/// the shared local tier.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outboards_whose_blob_is_gone_are_unrecorded_and_collected() {
+    let c = connect().await;
+    let pool = pool_with(&c, "vf-obao", "0 seconds", "60 seconds", "local", false).await;
+    c.execute(
+        "SELECT alkblobs_alter_pool($1, collector => 'queue', audit_every => '0')",
+        &[&pool],
+    )
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let media = dir.path().join("shared");
+    let store = Store::open_fleet(FleetOptions::new(
+        url(),
+        &pool,
+        FleetLarge::SharedLocal(media.clone()),
+    ))
+    .await
+    .unwrap();
+    let sweep = || async {
+        let r = store.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+        assert!(r.aborted.is_none(), "{r:?}");
+        r
+    };
+    // A put whose blob is removed before the sweep claims it: the claim
+    // finds no blob and still removes the outboard.
+    let gone = store.put(blob(61, BIG)).await.unwrap().key;
+    let gone_outboard = {
+        let mut p = file_of(&media, &gone).into_os_string();
+        p.push(".obao");
+        PathBuf::from(p)
+    };
+    assert!(gone_outboard.exists(), "a 3 MiB blob has an outboard file");
+    std::fs::remove_file(file_of(&media, &gone)).unwrap();
+    for _ in 0..3 {
+        sweep().await;
+    }
+    assert!(
+        !gone_outboard.exists(),
+        "the claim of a key whose blob was gone left its outboard"
+    );
+    // An outboard file with no blob and no record.
+    let stray = Key::from_hash(blake3::hash(b"an outboard without its blob"));
+    let hex = stray.to_hex();
+    let shard = media.join("blobs").join(&hex[..2]);
+    std::fs::create_dir_all(&shard).unwrap();
+    let stray_outboard = shard.join(format!("{hex}.obao"));
+    std::fs::write(&stray_outboard, vec![0u8; 64 * 3]).unwrap();
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.unrecorded, vec![stray], "{report:?}");
+    assert!(report.is_clean(), "{report:?}");
+    c.execute("SELECT alkblobs_request_audit($1)", &[&pool])
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        sweep().await;
+    }
+    assert!(
+        !stray_outboard.exists(),
+        "the audit's listing did not collect the outboard without a blob"
+    );
+    assert!(store.verify().await.unwrap().unrecorded.is_empty());
+    store.close().await.unwrap();
+}

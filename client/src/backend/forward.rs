@@ -101,6 +101,9 @@ macro_rules! forward_backend {
             async fn outboard_usage(&self) -> Result<Option<u64>> {
                 (**self).outboard_usage().await
             }
+            fn orphan_outboards(&self) -> KeyStream<'_> {
+                (**self).orphan_outboards()
+            }
             fn outboard_floor(&self) -> u64 {
                 (**self).outboard_floor()
             }

@@ -377,6 +377,20 @@ pub trait LargeBackend: Backend {
     async fn outboard_usage(&self) -> Result<Option<u64>> {
         Ok(None)
     }
+
+    /// Keys whose outboard is stored but whose blob is not, ascending: a
+    /// writer that stopped between storing the outboard and publishing the
+    /// blob, or a blob removed behind the engine's back. A fleet's tier
+    /// listing stages them with the blobs (a delete removes a key's
+    /// outboard whether or not its blob is there), and `verify` reports
+    /// them as unrecorded.
+    ///
+    /// # Behavior
+    /// - The default has none: an engine whose outboards live in its
+    ///   blobs' own records (`mem`, `pg-lo`) cannot leave one behind.
+    fn orphan_outboards(&self) -> KeyStream<'_> {
+        Box::pin(futures::stream::empty())
+    }
 }
 
 /// A write in progress; see [`LargeBackend::begin_write`].

@@ -226,6 +226,9 @@ impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
     async fn outboard_usage(&self) -> Result<Option<u64>> {
         self.inner.outboard_usage().await
     }
+    fn orphan_outboards(&self) -> crate::backend::KeyStream<'_> {
+        self.inner.orphan_outboards()
+    }
     fn outboard_floor(&self) -> u64 {
         self.inner.outboard_floor()
     }

@@ -731,7 +731,8 @@ impl Store {
 
     /// The large tier's listing against the record: objects no record
     /// names (and that are still there: one a sweep deleted with its
-    /// record after the listing is not).
+    /// record after the listing is not), then outboards whose blob is gone
+    /// and that no record names.
     async fn find_unrecorded(
         &self,
         record: &dyn PoolRecord,
@@ -739,9 +740,24 @@ impl Store {
         report: &mut VerifyReport,
     ) -> Result<()> {
         let large = self.large_engine()?;
-        let mut keys = large
-            .list()
-            .try_filter(|k| std::future::ready(opts.in_range(k.as_bytes())));
+        self.unrecorded_of(record, large.list(), true, opts, report)
+            .await?;
+        self.unrecorded_of(record, large.orphan_outboards(), false, opts, report)
+            .await
+    }
+
+    /// The keys of `keys` that no record names (`blobs`: confirmed still
+    /// present first).
+    async fn unrecorded_of(
+        &self,
+        record: &dyn PoolRecord,
+        keys: crate::backend::KeyStream<'_>,
+        blobs: bool,
+        opts: &VerifyOptions,
+        report: &mut VerifyReport,
+    ) -> Result<()> {
+        let large = self.large_engine()?;
+        let mut keys = keys.try_filter(|k| std::future::ready(opts.in_range(k.as_bytes())));
         let mut batch: Vec<Vec<u8>> = Vec::new();
         loop {
             let next = keys.try_next().await?;
@@ -758,7 +774,7 @@ impl Store {
                 for k in &batch {
                     if !held.contains(k.as_slice()) {
                         let key = Key::from_slice(k)?;
-                        if large.has(&key).await? {
+                        if !blobs || large.has(&key).await? {
                             report.unrecorded.push(key);
                         }
                     }

@@ -103,7 +103,10 @@ impl FleetArbiter {
             return Ok(0);
         };
         let mut staged = 0u64;
-        let mut keys = large.list();
+        // The blobs, and the keys of outboards whose blob is gone (a
+        // writer stopped between the two): staged, claimed and deleted like
+        // a blob, the deletion removes the outboard.
+        let mut keys = crate::tier::merge_sorted(large.list(), large.orphan_outboards());
         let mut batch: Vec<Vec<u8>> = Vec::new();
         loop {
             let next = keys.try_next().await?;

@@ -87,7 +87,7 @@ mod publish;
 mod recovery;
 mod writer;
 
-use layout::{leaf_keys, shard_names};
+use layout::{leaf_keys, leaf_orphan_outboards, shard_names};
 use publish::unnamed_staging_works;
 use writer::LocalWrite;
 
@@ -425,7 +425,13 @@ impl Backend for LocalBackend {
         blocking(&self.inner.display, move || {
             let size = match not_found_is_none(fs::metadata(&path)) {
                 Ok(Some(m)) => m.len(),
-                Ok(None) => return Ok(None),
+                // No blob: its outboard goes all the same (a writer that
+                // stopped before publishing left it, or the blob was
+                // removed behind the engine's back).
+                Ok(None) => {
+                    inner.remove_outboard(&key);
+                    return Ok(None);
+                }
                 Err(source) => return Err(inner.err(LocalError::UnableToRead { path, source })),
             };
             let removed = match not_found_is_none(fs::remove_file(&path)) {
@@ -440,50 +446,7 @@ impl Backend for LocalBackend {
     }
 
     fn list(&self) -> KeyStream<'_> {
-        let inner = self.inner.clone();
-        let blobs = inner.blobs.clone();
-        // Walk the shards in order, then each shard's files sorted: hex order
-        // is byte order and a shard name is its keys' prefix, so the
-        // concatenation is globally sorted. One shard listing is in memory
-        // at a time.
-        let shards = futures::stream::once({
-            let inner = inner.clone();
-            async move {
-                let b = blobs.clone();
-                let e = inner.clone();
-                blocking(&inner.display, move || {
-                    shard_names(&b).map_err(|source| {
-                        e.err(LocalError::UnableToList {
-                            path: b.clone(),
-                            source,
-                        })
-                    })
-                })
-                .await
-            }
-        })
-        .map_ok(|names| futures::stream::iter(names.into_iter().map(Ok::<_, Error>)))
-        .try_flatten();
-        let keys = shards
-            .and_then(move |shard| {
-                let inner = inner.clone();
-                async move {
-                    let dir = inner.blobs.join(&shard);
-                    let e = inner.clone();
-                    blocking(&inner.display, move || {
-                        leaf_keys(&dir, &shard).map_err(|source| {
-                            e.err(LocalError::UnableToList {
-                                path: dir.clone(),
-                                source,
-                            })
-                        })
-                    })
-                    .await
-                }
-            })
-            .map_ok(|keys| futures::stream::iter(keys.into_iter().map(Ok)))
-            .try_flatten();
-        Box::pin(keys)
+        self.inner.walk(leaf_keys)
     }
 
     async fn size(&self, key: &Key) -> Result<Option<u64>> {
@@ -603,6 +566,10 @@ impl LargeBackend for LocalBackend {
         .await
     }
 
+    fn orphan_outboards(&self) -> KeyStream<'_> {
+        self.inner.walk(leaf_orphan_outboards)
+    }
+
     async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
         self.inner.check_writable("put a blob")?;
         let inner = self.inner.clone();
@@ -614,5 +581,57 @@ impl LargeBackend for LocalBackend {
             written: 0,
             done: false,
         }))
+    }
+}
+
+impl Inner {
+    /// Every key `per_leaf` finds in each leaf shard, ascending: the shards
+    /// in order, then each shard's keys sorted (hex order is byte order and
+    /// a shard name is its keys' prefix, so the concatenation is globally
+    /// sorted). One shard's listing is in memory at a time.
+    fn walk(
+        self: &Arc<Self>,
+        per_leaf: fn(&Path, &str) -> std::io::Result<Vec<Key>>,
+    ) -> KeyStream<'static> {
+        let inner = self.clone();
+        let blobs = inner.blobs.clone();
+        let shards = futures::stream::once({
+            let inner = inner.clone();
+            async move {
+                let b = blobs.clone();
+                let e = inner.clone();
+                blocking(&inner.display, move || {
+                    shard_names(&b).map_err(|source| {
+                        e.err(LocalError::UnableToList {
+                            path: b.clone(),
+                            source,
+                        })
+                    })
+                })
+                .await
+            }
+        })
+        .map_ok(|names| futures::stream::iter(names.into_iter().map(Ok::<_, Error>)))
+        .try_flatten();
+        let keys = shards
+            .and_then(move |shard| {
+                let inner = inner.clone();
+                async move {
+                    let dir = inner.blobs.join(&shard);
+                    let e = inner.clone();
+                    blocking(&inner.display, move || {
+                        per_leaf(&dir, &shard).map_err(|source| {
+                            e.err(LocalError::UnableToList {
+                                path: dir.clone(),
+                                source,
+                            })
+                        })
+                    })
+                    .await
+                }
+            })
+            .map_ok(|keys| futures::stream::iter(keys.into_iter().map(Ok)))
+            .try_flatten();
+        Box::pin(keys)
     }
 }

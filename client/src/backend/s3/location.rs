@@ -126,6 +126,13 @@ impl S3Location {
         self.path(&["outboards", &hex[..2], &hex])
     }
 
+    /// The key whose outboard `path` is, if it is exactly this location's
+    /// outboard path for a key (not an object of a nested prefix).
+    pub(super) fn outboard_key_of(&self, path: &Path) -> Option<Key> {
+        let key: Key = path.filename()?.parse().ok()?;
+        (*path == self.outboard(&key)).then_some(key)
+    }
+
     /// The prefix every outboard lives under.
     pub(super) fn outboards(&self) -> Path {
         self.path(&["outboards"])

@@ -794,11 +794,14 @@ impl LargeBackend for S3Backend {
                 }
             }
         }
-        // (Generation 0 only: no later one was ever handed out.) A put of
-        // the key racing this deletion may lose its outboard here: its
-        // blob is then read unverified-by-range until `verify
-        // --repair-outboards`, never lost.
-        if freed.is_some() && !later_kept {
+        // No generation of the key is left: its outboard goes too, whether
+        // or not this call found a blob (a claim handed out again after
+        // its first claimer deleted the blob but not the outboard, a writer
+        // that stopped between its outboard and its blob). A put of the key
+        // racing this deletion may lose its outboard here: its blob is then
+        // read unverified-by-range until `verify --repair-outboards`, never
+        // lost.
+        if !later_kept {
             self.inner.delete_outboard(key).await?;
         }
         Ok(freed)
@@ -836,6 +839,28 @@ impl LargeBackend for S3Backend {
             bytes += m.size;
         }
         Ok(Some(bytes))
+    }
+
+    fn orphan_outboards(&self) -> KeyStream<'_> {
+        // Both listings are in key order (a shard, then the key): the
+        // outboards' keys that the blobs' listing lacks. A blob of a later
+        // generation is listed under its key, so its outboard is no orphan.
+        let inner = self.inner.clone();
+        let outboards = inner
+            .store
+            .list(Some(&inner.opts.location.outboards()))
+            .map_err({
+                let inner = inner.clone();
+                move |e| inner.err("list outboards", e)
+            })
+            .try_filter_map(move |meta| {
+                let key = inner.opts.location.outboard_key_of(&meta.location);
+                if key.is_none() {
+                    tracing::warn!(object = %meta.location, "ignoring an object that is not an outboard under outboards/");
+                }
+                futures::future::ready(Ok(key))
+            });
+        crate::tier::subtract_sorted(Box::pin(outboards), self.list())
     }
 }
 
