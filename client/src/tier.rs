@@ -102,7 +102,9 @@ pub(crate) fn merge_sorted<'a>(a: KeyStream<'a>, b: KeyStream<'a>) -> KeyStream<
 }
 
 /// The keys of ascending stream `a` that ascending stream `b` does not
-/// hold, ascending. Errors are passed through as they arrive.
+/// hold, ascending. Errors are passed through as they arrive. (The s3
+/// engine's: without it, only the tests use it.)
+#[cfg_attr(not(feature = "s3"), allow(dead_code))]
 pub(crate) fn subtract_sorted<'a>(a: KeyStream<'a>, b: KeyStream<'a>) -> KeyStream<'a> {
     let state = (a, b, None::<Key>, false);
     Box::pin(futures::stream::unfold(
