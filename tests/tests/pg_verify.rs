@@ -68,6 +68,22 @@ fn file_of(root: &Path, key: &Key) -> PathBuf {
     walk(root, &key.to_string()).unwrap_or_else(|| panic!("no file for {key} under {root:?}"))
 }
 
+/// A fleet store of `pool` on a shared local tier under a fresh temporary
+/// directory: the directory (kept alive by the caller), the tier's root,
+/// the store.
+async fn shared_local_store(pool: &str) -> (tempfile::TempDir, PathBuf, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let media = dir.path().join("shared");
+    let store = Store::open_fleet(FleetOptions::new(
+        url(),
+        pool,
+        FleetLarge::SharedLocal(media.clone()),
+    ))
+    .await
+    .unwrap();
+    (dir, media, store)
+}
+
 /// `alkblobs_health`'s status, verify_missing and reasons for `pool`.
 async fn health(c: &Client, pool: &str) -> (String, Option<i64>, Vec<String>) {
     let r = c
@@ -257,15 +273,7 @@ async fn fleet_shared_local_a_removed_file_is_missing_and_reads_call_it_lost() {
     let c = connect().await;
     let pool = pool_with(&c, "vf-fl-local", "0 seconds", "60 seconds", "local", false).await;
     let table = refs_table(&c, &pool, false).await;
-    let dir = tempfile::tempdir().unwrap();
-    let media = dir.path().join("shared");
-    let store = Store::open_fleet(FleetOptions::new(
-        url(),
-        &pool,
-        FleetLarge::SharedLocal(media.clone()),
-    ))
-    .await
-    .unwrap();
+    let (_dir, media, store) = shared_local_store(&pool).await;
     let (a, b) = (blob(21, BIG), blob(22, BIG));
     let ka = store.put(a.clone()).await.unwrap().key;
     let kb = store.put(b).await.unwrap().key;
@@ -305,15 +313,7 @@ async fn unrecorded_objects_puts_in_flight_forward_and_malformed_references_are_
     let c = connect().await;
     let pool = pool_with(&c, "vf-fl-odd", "0 seconds", "60 seconds", "local", false).await;
     let fwd = refs_table(&c, &pool, true).await;
-    let dir = tempfile::tempdir().unwrap();
-    let media = dir.path().join("shared");
-    let store = Store::open_fleet(FleetOptions::new(
-        url(),
-        &pool,
-        FleetLarge::SharedLocal(media.clone()),
-    ))
-    .await
-    .unwrap();
+    let (_dir, media, store) = shared_local_store(&pool).await;
     let kept = store.put(blob(31, BIG)).await.unwrap().key;
     // An object no record names: written to the tier behind the pool's
     // back (a crash between a writer's file and its record leaves one).
@@ -496,15 +496,7 @@ async fn outboards_whose_blob_is_gone_are_unrecorded_and_collected() {
     )
     .await
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let media = dir.path().join("shared");
-    let store = Store::open_fleet(FleetOptions::new(
-        url(),
-        &pool,
-        FleetLarge::SharedLocal(media.clone()),
-    ))
-    .await
-    .unwrap();
+    let (_dir, media, store) = shared_local_store(&pool).await;
     let sweep = || async {
         let r = store.sweep(alkblobs::SweepOptions::new()).await.unwrap();
         assert!(r.aborted.is_none(), "{r:?}");
