@@ -48,7 +48,16 @@ async fn connect_to(u: &str) -> Client {
     c
 }
 
+/// One run of the install script at a time. Each makes its installer a
+/// member of the cluster-wide role alkblobs_owner for its transaction, and
+/// each refuses to start while that role has members: two at once in one
+/// cluster made the second fail with "role alkblobs_owner must be a member
+/// of no role" once in a CI run (PostgreSQL 15; not reproduced in two runs
+/// since). Tests that install run in parallel threads of this binary.
+static INSTALLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn psql_file(u: &str, file: &str) -> std::process::Output {
+    let _one = INSTALLS.lock().unwrap_or_else(|p| p.into_inner());
     Command::new("psql")
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", u, "-f", file])
         .output()
