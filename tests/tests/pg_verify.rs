@@ -417,6 +417,26 @@ async fn the_record_is_read_only_by_roles_with_access_to_the_pool() {
         .await
         .unwrap_err();
     assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501");
+    // A sweeper role (it may run the function) with only read access to
+    // this pool: the pool's own access rule refuses it.
+    let sweeper = alkblobs_tests::pg::login_role(&c, "vfsweeper", "alkblobs_sweeper").await;
+    alkblobs_tests::pg::grant_pool(&c, &pool, &sweeper, "read").await;
+    let w = alkblobs_tests::pg::connect_as(&sweeper).await;
+    let e = w
+        .execute(
+            "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
+            &[&pool],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501");
+    alkblobs_tests::pg::grant_pool(&c, &pool, &sweeper, "sweep").await;
+    w.execute(
+        "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
+        &[&pool],
+    )
+    .await
+    .unwrap();
     // Bad arguments are typed refusals.
     let e = c
         .query(
