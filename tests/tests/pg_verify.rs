@@ -562,3 +562,105 @@ async fn outboards_whose_blob_is_gone_are_unrecorded_and_collected() {
     assert!(store.verify().await.unwrap().unrecorded.is_empty());
     store.close().await.unwrap();
 }
+
+/// Two puts restoring one lost large object at once, at each isolation
+/// level: the second waits for the first's row lock; at READ COMMITTED it
+/// then finds the first's object and drops its own, at REPEATABLE READ and
+/// SERIALIZABLE it fails with 40001 (retryable) and stores nothing. Either
+/// way the entry names one live object and no upload object is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_restoring_puts_at_every_isolation_level_leak_nothing() {
+    /// A large-object put through the extension on `c` (in its open
+    /// transaction, if any): its upload's object id.
+    async fn put(
+        c: &Client,
+        v: Vec<u8>,
+        k: Vec<u8>,
+        pool: String,
+    ) -> Result<u32, tokio_postgres::Error> {
+        let loid: u32 = c
+            .query_one("SELECT alkblobs_lo_create($1)", &[&pool])
+            .await?
+            .get(0);
+        c.execute("SELECT alkblobs_lo_write($1, 0, $2)", &[&loid, &v])
+            .await?;
+        c.execute(
+            "SELECT alkblobs_lo_commit($1, $2, $3, NULL)",
+            &[&pool, &k, &loid],
+        )
+        .await?;
+        Ok(loid)
+    }
+    let c = connect().await;
+    let v = blob(71, 100_000);
+    let k = alkblobs::Key::of(&v).as_bytes().to_vec();
+    for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
+        let pool = pool_with(&c, "vf-restore", "0 seconds", "60 seconds", "pg-lo", true).await;
+        c.batch_execute("BEGIN").await.unwrap();
+        put(&c, v.clone(), k.clone(), pool.clone()).await.unwrap();
+        c.batch_execute("COMMIT").await.unwrap();
+        let key = Key::from_slice(&k).unwrap();
+        lose_large_object(&c, &pool, &key).await;
+        let (a, b) = (connect().await, connect().await);
+        a.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        b.batch_execute(&format!("BEGIN ISOLATION LEVEL {level}"))
+            .await
+            .unwrap();
+        // Both snapshots taken before either restores.
+        a.execute("SELECT 1", &[]).await.unwrap();
+        b.execute("SELECT 1", &[]).await.unwrap();
+        let first = put(&a, v.clone(), k.clone(), pool.clone()).await.unwrap();
+        let second = tokio::spawn({
+            let (v, k, pool) = (v.clone(), k.clone(), pool.clone());
+            async move {
+                let r = put(&b, v, k, pool).await;
+                let end = if r.is_ok() { "COMMIT" } else { "ROLLBACK" };
+                b.batch_execute(end).await.unwrap();
+                r
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !second.is_finished(),
+            "{level}: the second put waits for the first's lock"
+        );
+        a.batch_execute("COMMIT").await.unwrap();
+        let second = second.await.unwrap();
+        match level {
+            "READ COMMITTED" => {
+                let theirs = second.expect("at READ COMMITTED the second put succeeds");
+                let gone: bool = c
+                    .query_one(
+                        "SELECT NOT EXISTS (SELECT 1 FROM pg_largeobject_metadata WHERE oid = $1)",
+                        &[&theirs],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert!(
+                    gone,
+                    "{level}: the second put's object was dropped, not leaked"
+                );
+            }
+            _ => {
+                let e = second.expect_err("the second put must not overwrite the first's restore");
+                assert_eq!(alkblobs_tests::pg::sqlstate(&e), "40001", "{level}: {e}");
+            }
+        }
+        let row = c
+            .query_one(
+                "SELECT e.loid = $3, EXISTS (SELECT 1 FROM pg_largeobject_metadata m WHERE m.oid = e.loid)
+                   FROM alkblobs.entries e JOIN alkblobs.pools p ON p.id = e.pool
+                  WHERE p.name = $1 AND e.key = $2",
+                &[&pool, &k, &first],
+            )
+            .await
+            .unwrap();
+        assert!(
+            row.get::<_, bool>(0) && row.get::<_, bool>(1),
+            "{level}: the entry names the first restore's object"
+        );
+    }
+}
