@@ -84,6 +84,15 @@ async fn shared_local_store(pool: &str) -> (tempfile::TempDir, PathBuf, Store) {
     (dir, media, store)
 }
 
+/// `alkblobs_verify_finished` of a whole, clean run of `pool`, as `c`.
+async fn record_clean_run(c: &Client, pool: &str) -> Result<u64, tokio_postgres::Error> {
+    c.execute(
+        "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
+        &[&pool],
+    )
+    .await
+}
+
 /// `alkblobs_health`'s status, verify_missing and reasons for `pool`.
 async fn health(c: &Client, pool: &str) -> (String, Option<i64>, Vec<String>) {
     let r = c
@@ -393,13 +402,7 @@ async fn the_record_is_read_only_by_roles_with_access_to_the_pool() {
         let e = o.query(sql, &[&pool]).await.unwrap_err();
         assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501", "{sql}: {e}");
     }
-    let e = o
-        .execute(
-            "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
-            &[&pool],
-        )
-        .await
-        .unwrap_err();
+    let e = record_clean_run(&o, &pool).await.unwrap_err();
     assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501");
     // A reader of the pool reads its record, but cannot record a run:
     // a reader (the monitoring role) must not clear a pool's alarm.
@@ -409,34 +412,17 @@ async fn the_record_is_read_only_by_roles_with_access_to_the_pool() {
     r.query("SELECT * FROM alkblobs_verify_records($1)", &[&pool])
         .await
         .unwrap();
-    let e = r
-        .execute(
-            "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
-            &[&pool],
-        )
-        .await
-        .unwrap_err();
+    let e = record_clean_run(&r, &pool).await.unwrap_err();
     assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501");
     // A sweeper role (it may run the function) with only read access to
     // this pool: the pool's own access rule refuses it.
     let sweeper = alkblobs_tests::pg::login_role(&c, "vfsweeper", "alkblobs_sweeper").await;
     alkblobs_tests::pg::grant_pool(&c, &pool, &sweeper, "read").await;
     let w = alkblobs_tests::pg::connect_as(&sweeper).await;
-    let e = w
-        .execute(
-            "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
-            &[&pool],
-        )
-        .await
-        .unwrap_err();
+    let e = record_clean_run(&w, &pool).await.unwrap_err();
     assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501");
     alkblobs_tests::pg::grant_pool(&c, &pool, &sweeper, "sweep").await;
-    w.execute(
-        "SELECT alkblobs_verify_finished($1, now(), true, 0, 0, 0, 0, 0)",
-        &[&pool],
-    )
-    .await
-    .unwrap();
+    record_clean_run(&w, &pool).await.unwrap();
     // Bad arguments are typed refusals.
     let e = c
         .query(
