@@ -237,7 +237,8 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_single_roots(text, bytea, integer, bytea[]),
     @extschema@.alkblobs_verify_records(text, bytea, integer),
     @extschema@.alkblobs_verify_lookup(text, bytea[], boolean),
-    @extschema@.alkblobs_verify_sources(text)
+    @extschema@.alkblobs_verify_sources(text),
+    @extschema@.alkblobs_verify_abandoned(text)
   TO alkblobs_reader;
 GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_put(text, bytea, bytea, text),
@@ -270,6 +271,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_delete(text, bytea[]),
     @extschema@.alkblobs_single_stage(text, bytea[], bigint),
     @extschema@.alkblobs_single_seal(text, text, bigint),
+    @extschema@.alkblobs_lo_reap(text, integer),
     @extschema@.alkblobs_verify_finished(text, timestamptz, boolean, bigint, bigint, bigint, bigint, bigint)
   TO alkblobs_sweeper;
 GRANT EXECUTE ON PROCEDURE @extschema@.alkblobs_sweep_all(text, integer), @extschema@.alkblobs_cron_sweep(text),

@@ -104,10 +104,29 @@ pub trait PoolRecord: Send + Sync + std::fmt::Debug {
     /// a reference into it is missing only if the tier does not hold it.
     fn large_indexed(&self) -> bool;
 
+    /// Large objects the pool created for uploads that ended without
+    /// becoming an entry (a client that committed, or ran in autocommit,
+    /// without `alkblobs_lo_commit`): no entry references them, and the
+    /// pool's next sweep unlinks them. The default: a record that keeps
+    /// no uploads has none.
+    async fn abandoned_uploads(&self) -> Result<Vec<AbandonedUpload>> {
+        Ok(Vec::new())
+    }
+
     /// Keeps the outcome of a verify where operators look. `Ok(false)`
     /// when the caller may not record it (a PostgreSQL pool records the
     /// runs of roles with sweep access only).
     async fn finished(&self, outcome: &VerifyOutcome) -> Result<bool>;
+}
+
+/// A large object created for an upload that ended without becoming an
+/// entry; see [`PoolRecord::abandoned_uploads`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct AbandonedUpload {
+    /// The large object.
+    pub loid: u32,
+    /// Its bytes.
+    pub bytes: u64,
 }
 
 /// What a verify found, as the record keeps it.
@@ -125,6 +144,6 @@ pub struct VerifyOutcome {
     pub missing: u64,
     /// Keys whose content does not match.
     pub corrupt: u64,
-    /// Tier objects no record names.
+    /// Tier objects no record names, and abandoned uploads.
     pub unrecorded: u64,
 }

@@ -135,9 +135,9 @@ MUTATIONS = [
     M(
         id='uploads-not-reaped',
         what="abandoned uploads not reaped (the sweep's reaping selects none)",
-        file='sql/api/90-sweep.sql',
-        find='                      WHERE x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)\n',
-        replace='                      WHERE false AND x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)\n',
+        file='sql/api/60-large-objects.sql',
+        find='                  WHERE x.pool = pool_id AND NOT alkblobs.upload_running(x.xact)\n',
+        replace='                  WHERE false AND x.pool = pool_id AND NOT alkblobs.upload_running(x.xact)\n',
         kind='ext',
         tests=['an_upload_belongs_to_its_transaction_and_is_bounded_and_reaped'],
     ),

@@ -170,9 +170,9 @@ MUTATIONS = [
       tests=["batches_hold_their_bound_under_a_rescanning_plan"]),
     M(id="upload-reap-batch-rescanned",
       what="the abandoned uploads a sweep reaps are picked in a semi-join the planner may rescan (the pre-fix form)",
-      file="sql/api/90-sweep.sql",
-      find="        FOR r IN WITH pick AS MATERIALIZED (\n                     SELECT x.loid FROM alkblobs.uploads x\n                      WHERE x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)\n                      ORDER BY x.loid LIMIT v_max FOR UPDATE SKIP LOCKED)\n                 DELETE FROM alkblobs.uploads u USING pick WHERE u.loid = pick.loid\n",
-      replace="        FOR r IN DELETE FROM alkblobs.uploads u WHERE u.loid IN (\n                     SELECT x.loid FROM alkblobs.uploads x\n                      WHERE x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)\n                      ORDER BY x.loid LIMIT v_max FOR UPDATE SKIP LOCKED)\n",
+      file="sql/api/60-large-objects.sql",
+      find="    FOR r IN WITH pick AS MATERIALIZED (\n                 SELECT x.loid FROM alkblobs.uploads x\n                  WHERE x.pool = pool_id AND NOT alkblobs.upload_running(x.xact)\n                  ORDER BY x.loid LIMIT lim FOR UPDATE SKIP LOCKED)\n             DELETE FROM alkblobs.uploads u USING pick WHERE u.loid = pick.loid\n",
+      replace="    FOR r IN DELETE FROM alkblobs.uploads u WHERE u.loid IN (\n                 SELECT x.loid FROM alkblobs.uploads x\n                  WHERE x.pool = pool_id AND NOT alkblobs.upload_running(x.xact)\n                  ORDER BY x.loid LIMIT lim FOR UPDATE SKIP LOCKED)\n",
       kind="ext",
       tests=["batches_hold_their_bound_under_a_rescanning_plan"]),
 ]

@@ -43,6 +43,50 @@ EXCEPTION WHEN invalid_parameter_value THEN
     RETURN false;  -- "transaction ID … is in the future": another cluster's
 END $$;
 
+-- Reaps at most `lim` of pool `pool_id`'s abandoned uploads (their
+-- transaction ended without lo_commit: no entry references their object):
+-- the row, and its large object if one is left. One another session is
+-- reaping is skipped. A fleet pool's sweep calls it (within its
+-- max_unlinks budget), a single-instance pool's through alkblobs_lo_reap.
+CREATE FUNCTION alkblobs.reap_uploads(pool_id integer, lim integer, OUT reaped bigint, OUT unlinked integer)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+BEGIN
+    reaped := 0;
+    unlinked := 0;
+    FOR r IN WITH pick AS MATERIALIZED (
+                 SELECT x.loid FROM alkblobs.uploads x
+                  WHERE x.pool = pool_id AND NOT alkblobs.upload_running(x.xact)
+                  ORDER BY x.loid LIMIT lim FOR UPDATE SKIP LOCKED)
+             DELETE FROM alkblobs.uploads u USING pick WHERE u.loid = pick.loid
+             RETURNING u.loid LOOP
+        reaped := reaped + 1;
+        IF EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = r.loid) THEN
+            PERFORM pg_catalog.lo_unlink(r.loid);
+            unlinked := unlinked + 1;
+        END IF;
+    END LOOP;
+END $$;
+
+-- A single-instance pool's sweep (the client's) reaps the pool's abandoned
+-- uploads here, as a fleet pool's alkblobs_sweep does itself: at most
+-- `max_unlinks`; returns how many were reaped. Sweep access.
+CREATE FUNCTION @extschema@.alkblobs_lo_reap(pool text, max_unlinks integer DEFAULT 1000)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'sweep');
+BEGIN
+    PERFORM alkblobs.not_null($2, 'max_unlinks');
+    IF $2 < 0 OR $2 > 1000000 THEN
+        RAISE EXCEPTION 'max_unlinks must be between 0 and 1000000, got %', $2 USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN (SELECT ru.reaped FROM alkblobs.reap_uploads(pl.id, $2) ru);
+END $$;
+
 -- The upload `o` if it belongs to this transaction and the caller's role.
 CREATE FUNCTION alkblobs.my_upload(o oid) RETURNS alkblobs.uploads
 LANGUAGE plpgsql

@@ -136,18 +136,8 @@ BEGIN
          WHERE pn.pool = pick.pool AND pn.key = pick.key AND pn.role = pick.role AND pn.owner = pick.owner;
         GET DIAGNOSTICS pins_reaped = ROW_COUNT;
         -- Abandoned uploads: their transaction ended without lo_commit.
-        FOR r IN WITH pick AS MATERIALIZED (
-                     SELECT x.loid FROM alkblobs.uploads x
-                      WHERE x.pool = pl.id AND NOT alkblobs.upload_running(x.xact)
-                      ORDER BY x.loid LIMIT v_max FOR UPDATE SKIP LOCKED)
-                 DELETE FROM alkblobs.uploads u USING pick WHERE u.loid = pick.loid
-                 RETURNING u.loid LOOP
-            uploads_reaped := uploads_reaped + 1;
-            IF EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata m WHERE m.oid = r.loid) THEN
-                PERFORM pg_catalog.lo_unlink(r.loid);
-                unlinks := unlinks + 1;
-            END IF;
-        END LOOP;
+        SELECT ru.reaped, unlinks + ru.unlinked INTO uploads_reaped, unlinks
+          FROM alkblobs.reap_uploads(pl.id, v_max) ru;
     END IF;
 
     -- 2. Liveness deletions appended since the last call are routed to

@@ -197,6 +197,23 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The large objects pool `pool` created for uploads (alkblobs_lo_create)
+-- whose transaction ended without alkblobs_lo_commit: no entry references
+-- them, and the pool's next sweep unlinks them (uploads_reaped). `bytes`
+-- NULL: the object is gone already. What a verify reports beside the
+-- tier's unrecorded objects; read access.
+CREATE FUNCTION @extschema@.alkblobs_verify_abandoned(pool text)
+RETURNS TABLE (loid oid, bytes bigint, started_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'read');
+BEGIN
+    RETURN QUERY SELECT u.loid, alkblobs.lo_size(u.loid), u.started_at FROM alkblobs.uploads u
+                  WHERE u.pool = pl.id AND NOT alkblobs.upload_running(u.xact)
+                  ORDER BY u.loid;
+END $$;
+
 -- What a verify found ---------------------------------------------------------
 
 -- Records the outcome of a verify of pool `pool` that started at `started`:

@@ -398,6 +398,7 @@ async fn the_record_is_read_only_by_roles_with_access_to_the_pool() {
     for sql in [
         "SELECT * FROM alkblobs_verify_records($1)",
         "SELECT * FROM alkblobs_verify_sources($1)",
+        "SELECT * FROM alkblobs_verify_abandoned($1)",
     ] {
         let e = o.query(sql, &[&pool]).await.unwrap_err();
         assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501", "{sql}: {e}");
@@ -409,9 +410,12 @@ async fn the_record_is_read_only_by_roles_with_access_to_the_pool() {
     let reader = alkblobs_tests::pg::login_role(&c, "vfreader", "alkblobs_reader").await;
     alkblobs_tests::pg::grant_pool(&c, &pool, &reader, "read").await;
     let r = alkblobs_tests::pg::connect_as(&reader).await;
-    r.query("SELECT * FROM alkblobs_verify_records($1)", &[&pool])
-        .await
-        .unwrap();
+    for sql in [
+        "SELECT * FROM alkblobs_verify_records($1)",
+        "SELECT * FROM alkblobs_verify_abandoned($1)",
+    ] {
+        r.query(sql, &[&pool]).await.unwrap();
+    }
     let e = record_clean_run(&r, &pool).await.unwrap_err();
     assert_eq!(alkblobs_tests::pg::sqlstate(&e), "42501");
     // A sweeper role (it may run the function) with only read access to
@@ -649,4 +653,70 @@ async fn two_restoring_puts_at_every_isolation_level_leak_nothing() {
             "{level}: the entry names the first restore's object"
         );
     }
+}
+
+/// A large object the pool created for an upload that ended without
+/// `alkblobs_lo_commit` references no entry: verify names it (the object
+/// and its bytes) as abandoned, not missing, counts it as unrecorded in
+/// the pool's verify state, and after the next sweep it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_upload_is_named_and_the_next_sweep_unlinks_it() {
+    let mut c = connect().await;
+    let pool = pool_with(&c, "vf-abandon", "0 seconds", "60 seconds", "pg-lo", true).await;
+    let store = Store::open_postgres(PostgresOptions::new(url(), &pool).large(PgLarge::PgLo))
+        .await
+        .unwrap();
+    let k = store.put(blob(40, BIG)).await.unwrap().key;
+    store.add_roots(&[k]).await.unwrap();
+    let clean = store.verify().await.unwrap();
+    assert!(clean.abandoned_uploads.is_empty(), "{clean:?}");
+    // A client that wrote its chunks and committed without lo_commit.
+    let tx = c.transaction().await.unwrap();
+    let oid: u32 = tx
+        .query_one("SELECT alkblobs_lo_create($1)", &[&pool])
+        .await
+        .unwrap()
+        .get(0);
+    tx.execute(
+        "SELECT alkblobs_lo_write($1, 0, $2)",
+        &[&oid, &blob(41, 5000)],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let report = store.verify().await.unwrap();
+    assert!(report.is_clean() && report.checked == 1, "{report:?}");
+    assert_eq!(
+        report.abandoned_uploads,
+        vec![alkblobs::record::AbandonedUpload {
+            loid: oid,
+            bytes: 5000
+        }],
+        "{report:?}"
+    );
+    let unrecorded: i64 = c
+        .query_one(
+            "SELECT v.unrecorded FROM alkblobs.verifies v JOIN alkblobs.pools p ON p.id = v.pool WHERE p.name = $1",
+            &[&pool],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unrecorded, 1);
+    store.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+    let after = store.verify().await.unwrap();
+    assert!(
+        after.abandoned_uploads.is_empty() && after.is_clean(),
+        "{after:?}"
+    );
+    let left: bool = c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_largeobject_metadata WHERE oid = $1)",
+            &[&oid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!left, "the sweep unlinked the abandoned upload");
+    store.close().await.unwrap();
 }

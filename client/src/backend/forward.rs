@@ -80,6 +80,9 @@ macro_rules! forward_backend {
             async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
                 (**self).delete_through(key, through).await
             }
+            async fn generation_size(&self, key: &Key, generation: u64) -> Result<Option<u64>> {
+                (**self).generation_size(key, generation).await
+            }
             async fn read_outboard(
                 &self,
                 key: &Key,

@@ -321,6 +321,21 @@ pub trait LargeBackend: Backend {
         self.delete(key).await
     }
 
+    /// The size of generation `generation` of `key`'s object, or `None`
+    /// when the tier holds no object of that generation (whatever other
+    /// generations it holds). A fleet's file record names the generation
+    /// the tier must hold: `verify` asks for that one, so a recorded
+    /// object that is gone is not hidden by an older one a late delete may
+    /// still remove.
+    ///
+    /// # Behavior
+    /// - An engine that keeps one object per key (every engine but s3)
+    ///   has only generation 0: the default is [`Backend::size`].
+    async fn generation_size(&self, key: &Key, generation: u64) -> Result<Option<u64>> {
+        let _ = generation;
+        self.size(key).await
+    }
+
     /// Up to `len` bytes of `key`'s outboard from `offset` (clamped to its
     /// end), or `None` when the blob has none: it is absent, or was stored
     /// before outboards existed (see [`crate::outboard`]).

@@ -210,6 +210,9 @@ impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
         self.delete_fault()?;
         self.inner.delete_through(key, through).await
     }
+    async fn generation_size(&self, key: &Key, generation: u64) -> Result<Option<u64>> {
+        self.inner.generation_size(key, generation).await
+    }
     async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.inner.read_outboard(key, offset, len).await
     }

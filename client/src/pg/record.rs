@@ -8,7 +8,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
 use super::{PgPool, PoolInfo, PoolLargeTier, PoolMode};
-use crate::record::{Held, PoolRecord, Record, VerifyOutcome};
+use crate::record::{AbandonedUpload, Held, PoolRecord, Record, VerifyOutcome};
 use crate::{Error, Result};
 
 /// The record of one PostgreSQL pool.
@@ -126,6 +126,25 @@ impl PoolRecord for PgRecord {
             )
             .await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn abandoned_uploads(&self) -> Result<Vec<AbandonedUpload>> {
+        let rows = self
+            .pg
+            .rows(
+                &self.engine(),
+                None,
+                "SELECT loid, bytes FROM alkblobs_verify_abandoned($1)",
+                &[(&self.pg.name(), Type::TEXT)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AbandonedUpload {
+                loid: r.get(0),
+                bytes: r.get::<_, Option<i64>>(1).unwrap_or(0).max(0) as u64,
+            })
+            .collect())
     }
 
     fn tier_recorded(&self) -> bool {

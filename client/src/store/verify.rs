@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 use super::put::hash;
 use super::{Store, Tier};
 use crate::backend::{Backend, BlobReader};
-use crate::record::{Held, PoolRecord, Record};
+use crate::record::{AbandonedUpload, Held, PoolRecord, Record};
 use crate::{Error, Key, Result, outboard};
 
 /// One damaged entry.
@@ -82,6 +82,10 @@ pub struct VerifyReport {
     /// pool's next audit stages them (`alkblobs_request_audit`), and they
     /// go a delete window later.
     pub unrecorded: Vec<Key>,
+    /// Large objects a PostgreSQL pool created for uploads that ended
+    /// without becoming an entry: no entry references them. Not an
+    /// integrity failure; the pool's next sweep unlinks them.
+    pub abandoned_uploads: Vec<AbandonedUpload>,
     /// Keys listed but gone by the time they were read (a concurrent
     /// sweep), or recorded and gone but no longer recorded at the re-check;
     /// not an error.
@@ -227,8 +231,16 @@ enum Outboard {
 
 /// Re-hashes one entry of `tier`, streaming large ones; a large one's
 /// outboard is checked too, and stored if `repair` and it is missing or
-/// damaged.
-async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Check> {
+/// damaged. `generation`: the object generation a fleet's file record
+/// names, which the tier must hold (another generation holding the same
+/// bytes does not stand in for it: a late delete may still remove it).
+async fn check(
+    store: &Store,
+    tier: Tier,
+    key: &Key,
+    generation: Option<u64>,
+    repair: bool,
+) -> Result<Check> {
     let engine: &dyn Backend = match tier {
         Tier::Kv => store.kv().as_ref(),
         Tier::Large => store.large_engine()?.as_ref(),
@@ -237,7 +249,11 @@ async fn check(store: &Store, tier: Tier, key: &Key, repair: bool) -> Result<Che
         Error::Lost { .. } => Ok(Check::Lost),
         e => Err(e),
     };
-    let recorded = match engine.size(key).await {
+    let size = match (tier, generation) {
+        (Tier::Large, Some(g)) => store.large_engine()?.generation_size(key, g).await,
+        _ => engine.size(key).await,
+    };
+    let recorded = match size {
         Ok(Some(n)) => n,
         Ok(None) => return Ok(Check::Vanished),
         Err(e) => return lost(e),
@@ -452,6 +468,7 @@ impl Store {
                     self.find_unrecorded(record.as_ref(), &opts, &mut report)
                         .await?;
                 }
+                report.abandoned_uploads = record.abandoned_uploads().await?;
                 // Not whole if part of the record could not be read here.
                 report.whole &= report.skipped == 0 && report.unchecked_sources.is_empty();
                 report.recorded = record
@@ -462,7 +479,8 @@ impl Store {
                         bytes: report.bytes,
                         missing: report.missing.len() as u64,
                         corrupt: report.corrupt.len() as u64,
-                        unrecorded: report.unrecorded.len() as u64,
+                        unrecorded: (report.unrecorded.len() + report.abandoned_uploads.len())
+                            as u64,
                     })
                     .await?;
             }
@@ -487,7 +505,7 @@ impl Store {
             let checks = keys
                 .try_filter(|k| std::future::ready(opts.in_range(k.as_bytes())))
                 .map_ok(|key| async move {
-                    let c = check(self, tier, &key, opts.repair_outboards).await?;
+                    let c = check(self, tier, &key, None, opts.repair_outboards).await?;
                     Ok::<_, Error>((key, c))
                 })
                 .try_buffered(opts.jobs.max(1));
@@ -602,13 +620,20 @@ impl Store {
         Ok(match r.held {
             Some(Held::Kv) => RecordCheck::Content(
                 Tier::Kv,
-                check(self, Tier::Kv, &key, opts.repair_outboards).await?,
+                check(self, Tier::Kv, &key, None, opts.repair_outboards).await?,
             ),
-            Some(Held::LargeObject | Held::File { .. }) => match self.large() {
-                Some(_) => RecordCheck::Content(
-                    Tier::Large,
-                    check(self, Tier::Large, &key, opts.repair_outboards).await?,
-                ),
+            Some(held @ (Held::LargeObject | Held::File { .. })) => match self.large() {
+                Some(_) => {
+                    let generation = match held {
+                        Held::File { generation } => Some(generation),
+                        _ => None,
+                    };
+                    RecordCheck::Content(
+                        Tier::Large,
+                        check(self, Tier::Large, &key, generation, opts.repair_outboards)
+                            .await?,
+                    )
+                }
                 // A kv-only node cannot read the pool's large tier: not a
                 // loss here, and not a whole verify either.
                 None => RecordCheck::Skip,
@@ -711,7 +736,7 @@ impl Store {
         let checks = keys
             .try_filter(|k| std::future::ready(opts.in_range(k.as_bytes())))
             .map_ok(|key| async move {
-                let c = check(self, Tier::Large, &key, opts.repair_outboards).await?;
+                let c = check(self, Tier::Large, &key, None, opts.repair_outboards).await?;
                 Ok::<_, Error>((key, c))
             })
             .try_buffered(opts.jobs.max(1));

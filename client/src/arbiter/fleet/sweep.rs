@@ -23,8 +23,9 @@ impl FleetArbiter {
             ..SweepReport::default()
         };
         if !opts.dry_run {
-            // Staging files of killed writers (a local tier; pg-lo uploads
-            // are reclaimed by the extension's sweep, `uploads_reclaimed`).
+            // Staging files of killed writers (a local tier) and abandoned
+            // large-object uploads (pg-lo: `alkblobs_lo_reap`; what is left
+            // the extension's sweep reaps, `uploads_reclaimed`).
             for engine in pool.engines() {
                 report.reclaimed += engine.reclaim_abandoned().await?;
             }

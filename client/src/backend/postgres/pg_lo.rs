@@ -170,9 +170,20 @@ impl Backend for PgLoBackend {
     }
 
     async fn reclaim_abandoned(&self) -> Result<u64> {
-        // Abandoned uploads are reclaimed by the extension's sweep; a
-        // single-instance pool's uploads die with their transaction.
-        Ok(0)
+        // Uploads whose transaction ended without `alkblobs_lo_commit` (a
+        // client of the SQL API that committed without it). A
+        // single-instance pool's sweep (this store's) reaps them here; a
+        // fleet pool's `alkblobs_sweep` also does it itself.
+        let row = self
+            .pg
+            .rows(
+                self,
+                None,
+                "SELECT alkblobs_lo_reap($1)",
+                &[(&self.pg.name(), Type::TEXT)],
+            )
+            .await?;
+        Ok(row.first().map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
     }
 
     async fn close(&self) -> Result<()> {

@@ -775,6 +775,13 @@ impl LargeBackend for S3Backend {
         Ok(Box::new(S3Write::new(self.inner.clone())))
     }
 
+    async fn generation_size(&self, key: &Key, generation: u64) -> Result<Option<u64>> {
+        let inner = &self.inner;
+        inner
+            .head_size(&inner.opts.location.blob_generation(key, generation))
+            .await
+    }
+
     async fn delete_through(&self, key: &Key, through: u64) -> Result<Option<u64>> {
         let mut freed = self.inner.delete_generation_0(key).await?;
         // A generation above `through`: the key was recorded again since

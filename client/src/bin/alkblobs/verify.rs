@@ -71,11 +71,18 @@ fn print_text(report: &VerifyReport) {
     }
     for m in &report.missing {
         let recorded = match m.recorded {
-            None => "no content",
-            Some(Held::Kv) => "recorded as a kv entry, not readable",
-            Some(Held::LargeObject | Held::LargeObjectLost) => "recorded, its large object is gone",
-            Some(Held::File { .. }) => "recorded as published, the tier does not hold it",
-            Some(Held::InFlight | Held::Deleting) => "recorded, being put or deleted",
+            None => "no content".to_owned(),
+            Some(Held::Kv) => "recorded as a kv entry, not readable".to_owned(),
+            Some(Held::LargeObject | Held::LargeObjectLost) => {
+                "recorded, its large object is gone".to_owned()
+            }
+            Some(Held::File { generation: 0 }) => {
+                "recorded as published, the tier does not hold it".to_owned()
+            }
+            Some(Held::File { generation }) => format!(
+                "recorded as published at object generation {generation}, the tier holds no object of that generation"
+            ),
+            Some(Held::InFlight | Held::Deleting) => "recorded, being put or deleted".to_owned(),
         };
         if m.referenced_by.is_empty() {
             println!("missing  {}  ({recorded})", m.key);
@@ -114,6 +121,13 @@ fn print_text(report: &VerifyReport) {
         println!(
             "unrecorded: {} objects of the large tier that no record names (alkblobs verify --json lists them); the pool's next audit stages them (alkblobs_request_audit) and they are deleted a delete window later",
             report.unrecorded.len()
+        );
+    }
+    if !report.abandoned_uploads.is_empty() {
+        println!(
+            "abandoned uploads: {} large objects ({}) the pool created for puts that ended without committing, that no entry references (alkblobs verify --json lists them); the pool's next sweep unlinks them",
+            report.abandoned_uploads.len(),
+            HumanBytes(report.abandoned_uploads.iter().map(|u| u.bytes).sum())
         );
     }
     if report.in_flight > 0 || report.forward > 0 {
