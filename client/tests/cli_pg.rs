@@ -426,3 +426,69 @@ fn a_lost_large_object_is_named_by_verify_and_lost_to_every_read() {
     assert_eq!(ok(d, &pool, &["put", a.to_str().unwrap()]).trim(), ka);
     assert!(ok(d, &pool, &["verify"]).contains("0 corrupt, 0 missing"));
 }
+
+/// A database that cannot be reached is an error naming it (exit 1),
+/// never "0 missing"; a fleet node whose shared media is not there (an
+/// empty directory where it should be mounted) finds every recorded key
+/// missing, and says so in one line before the list.
+#[test]
+fn verify_fails_loudly_and_says_when_the_tier_holds_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Nothing listens on port 1.
+    let o = Command::new(BIN)
+        .arg("verify")
+        .env(
+            "ALKBLOBS_POSTGRES",
+            "postgresql://postgres@127.0.0.1:1/alkblobs?connect_timeout=5",
+        )
+        .env("ALKBLOBS_POOL", "p")
+        .env("ALKBLOBS_DATA_DIR", d.join("unused"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 1, "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("missing"),
+        "{o:?}"
+    );
+
+    let pool = format!("cli-media-{}", std::process::id());
+    let media = d.join("media");
+    let local = format!("local={}", media.display());
+    let node = |args: &[&str]| -> Output {
+        let mut v = vec!["--fleet", "--large", local.as_str(), "--shared-media"];
+        v.extend_from_slice(args);
+        run(d, &pool, &v)
+    };
+    ok(
+        d,
+        &pool,
+        &[
+            "--fleet", "pool", "create", &pool, "--window", "0s", "--large", "local",
+        ],
+    );
+    for i in 0..2u8 {
+        let f = d.join(format!("f{i}"));
+        std::fs::write(&f, vec![i; 1 << 20]).unwrap();
+        let o = node(&["put", f.to_str().unwrap()]);
+        assert!(o.status.success(), "{o:?}");
+    }
+    let o = node(&["verify"]);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("2 blobs"),
+        "{o:?}"
+    );
+    std::fs::rename(&media, d.join("media.away")).unwrap();
+    std::fs::create_dir(&media).unwrap();
+    let o = node(&["verify"]);
+    assert_eq!(code(&o), 4, "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("every one of the 2 keys this store must hold is missing"),
+        "{out}"
+    );
+    assert_eq!(out.matches("missing  ").count(), 2, "{out}");
+}

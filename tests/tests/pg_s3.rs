@@ -665,6 +665,34 @@ async fn verify_names_an_object_deleted_from_the_bucket() {
     set_generation(0).await;
     assert!(s.verify().await.unwrap().is_clean());
     s.close().await.unwrap();
+
+    // A bucket that cannot be reached is an error naming it (the CLI's
+    // exit 1: not an integrity failure), never "0 missing".
+    let unreachable = Store::open_fleet(
+        FleetOptions::new(
+            url(),
+            &pool,
+            FleetLarge::S3(
+                s3(&loc)
+                    .endpoint("http://127.0.0.1:1")
+                    .retry_timeout(std::time::Duration::from_secs(1)),
+            ),
+        )
+        .threshold(1024),
+    )
+    .await;
+    let err = match unreachable {
+        Err(e) => e,
+        Ok(u) => u.verify().await.unwrap_err(),
+    };
+    assert!(
+        matches!(
+            err.kind(),
+            alkblobs::ErrorKind::Unavailable | alkblobs::ErrorKind::Engine
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains(loc.bucket()), "{err}");
 }
 
 /// The s3 outboard leak: a claimed key whose blob object is already gone
