@@ -423,6 +423,46 @@ fn a_lost_large_object_is_named_by_verify_and_lost_to_every_read() {
             "{args:?}"
         );
     }
+    // serve agrees: 500 with code `lost` (not 404), the other key served.
+    let mut serve = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("ALKBLOBS_POSTGRES", url())
+        .env("ALKBLOBS_POOL", &pool)
+        .env("ALKBLOBS_DATA_DIR", d.join("unused"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start alkblobs serve");
+    let base = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(serve.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line.trim().to_owned()
+    };
+    assert!(base.starts_with("http://"), "serve printed {base:?}");
+    let curl = |key: &str| -> (String, Vec<u8>) {
+        let o = Command::new("curl")
+            .args(["-sS", "--max-time", "30", "-o", "-", "-w", "\n%{http_code}"])
+            .arg(format!("{base}/blobs/{key}"))
+            .output()
+            .unwrap();
+        let nl = o.stdout.iter().rposition(|b| *b == b'\n').unwrap();
+        (
+            String::from_utf8_lossy(&o.stdout[nl + 1..]).into_owned(),
+            o.stdout[..nl].to_vec(),
+        )
+    };
+    let (status, body) = curl(&ka);
+    assert_eq!(status, "500", "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "lost", "{v}");
+    let (status, body) = curl(&kb);
+    assert_eq!((status.as_str(), body.len()), ("200", 3 << 20));
+    let _ = serve.kill();
+    let _ = serve.wait();
+
     assert_eq!(ok(d, &pool, &["put", a.to_str().unwrap()]).trim(), ka);
     assert!(ok(d, &pool, &["verify"]).contains("0 corrupt, 0 missing"));
 }
