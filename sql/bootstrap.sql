@@ -160,6 +160,10 @@ CREATE TABLE alkblobs.entries (
     CONSTRAINT outboard_of_lo CHECK (outboard IS NULL OR tier = 'lo')
 );
 ALTER TABLE alkblobs.entries ALTER COLUMN outboard SET STORAGE EXTERNAL;
+-- One entry per large object: an entry whose object was lost must never
+-- share its OID with a live one (its deletion would unlink the other's
+-- bytes). alkblobs_lo_create hands out no OID a record names.
+CREATE UNIQUE INDEX entries_loid ON alkblobs.entries (loid) WHERE loid IS NOT NULL;
 
 -- Pins: one row per (pool, key, role, owner), where role is the session
 -- role that made the pin and owner the caller's store-instance id. Only
@@ -403,7 +407,11 @@ CREATE TABLE alkblobs.verifies (
     missing       bigint NOT NULL,
     corrupt       bigint NOT NULL,
     unrecorded    bigint NOT NULL,
-    damaged_since timestamptz
+    -- Since when content is missing or corrupt (the first run that found
+    -- it), and when the last run that found any finished: only a whole
+    -- run that started after that clears both.
+    damaged_since timestamptz,
+    last_damage   timestamptz
 );
 
 -- Per-pool sweep bookkeeping alkblobs_health reads in O(1), independent of

@@ -90,8 +90,17 @@ pub trait PoolRecord: Send + Sync + std::fmt::Debug {
     async fn lookup(&self, keys: &[Vec<u8>], refs: bool) -> Result<Vec<Record>>;
 
     /// References this reader cannot check (a liveness table the caller
-    /// may not read, or that fails validation): `(source, problem)`.
+    /// may not read, or that fails validation): `(source, problem)`. Asked
+    /// before and after a walk: it includes the sources a page skipped
+    /// while it read them (one that failed mid-run).
     async fn unchecked_sources(&self) -> Result<Vec<(String, String)>>;
+
+    /// The record's clock: when a verify starts, as the record will judge
+    /// it against other runs (a client's clock may run ahead). The default
+    /// is this machine's.
+    async fn clock(&self) -> Result<std::time::SystemTime> {
+        Ok(std::time::SystemTime::now())
+    }
 
     /// Whether the large tier's objects are recorded one by one (a fleet's
     /// shared tier), so that an object no record names is `unrecorded`.

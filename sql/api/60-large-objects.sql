@@ -21,8 +21,25 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'write');
-    o oid := pg_catalog.lo_create(0);
+    o oid;
 BEGIN
+    -- Never an OID a record still names: an entry whose object was lost
+    -- (then the OID counter came round, or a restore without the large
+    -- objects), or an upload row restored the same way. Handed out, it
+    -- would make that entry read this upload's bytes, and its deletion
+    -- unlink them. Such an object is unlinked and the next OID taken (the
+    -- counter has moved past it).
+    FOR i IN 1..1000 LOOP
+        o := pg_catalog.lo_create(0);
+        EXIT WHEN NOT EXISTS (SELECT 1 FROM alkblobs.entries e WHERE e.loid = o)
+              AND NOT EXISTS (SELECT 1 FROM alkblobs.uploads u WHERE u.loid = o);
+        PERFORM pg_catalog.lo_unlink(o);
+        o := NULL;
+    END LOOP;
+    IF o IS NULL THEN
+        RAISE EXCEPTION 'no free large-object OID in 1000 tries: the entries name them'
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
     INSERT INTO alkblobs.uploads (loid, pool, xact, role) VALUES (o, pl.id, pg_catalog.pg_current_xact_id(), session_user);
     RETURN o;
 END $$;

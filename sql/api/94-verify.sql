@@ -22,7 +22,10 @@
 --   'in_flight'     a file record not yet published: a put in progress,
 --                   not a loss;
 --   'deleting'      a tombstone: a sweep is deleting it, not a loss;
---   NULL            nothing: only references name the key.
+--   NULL            nothing: only references name the key (or, in a
+--                   page, nothing at all any more: a key the page picked
+--                   and a sweep deleted since, kept so that the page is
+--                   not short);
 -- `size` is the entry's (NULL for file records: the tier knows it);
 -- `refs` names what references the key: 'root', or 'liveness <table>'
 -- (with ' (forward references)' for a table registered to accept keys not
@@ -36,7 +39,9 @@
 -- reported by alkblobs_verify_sources. Each source gives its first `lim`
 -- keys after `after`, so any key in the page's first `lim` of the union
 -- is in each source's first `lim` that holds it: the references of every
--- key returned are complete.
+-- key returned are complete. After the keys, one row per source skipped
+-- while this call read it (key NULL, record 'unchecked', refs {source,
+-- problem}): a run that got one is not whole.
 CREATE FUNCTION alkblobs.verify_rows(pl alkblobs.pools, after bytea, lim integer, ks bytea[], with_refs boolean)
 RETURNS TABLE (key bytea, record text, size bigint, generation bigint, refs text[])
 LANGUAGE plpgsql
@@ -49,8 +54,11 @@ DECLARE
     l record;
     ls record;
     got bytea[];
+    paging boolean := ks IS NULL;
+    skipped text[] := '{}';
+    skip_why text[] := '{}';
 BEGIN
-    IF ks IS NULL THEN
+    IF paging THEN
         keys := keys
             || ARRAY(SELECT e.key FROM alkblobs.entries e WHERE e.pool = pl.id AND (after IS NULL OR e.key > after)
                       ORDER BY e.key LIMIT lim)
@@ -61,7 +69,11 @@ BEGIN
     END IF;
     FOR l IN SELECT lv.relid, lv.forward_refs FROM alkblobs.liveness lv JOIN pg_catalog.pg_class c ON c.oid = lv.relid
               WHERE lv.pool = pl.id AND with_refs ORDER BY lv.relid LOOP
-        CONTINUE WHEN NOT pg_catalog.has_table_privilege(session_user, l.relid, 'SELECT');
+        IF NOT pg_catalog.has_table_privilege(session_user, l.relid, 'SELECT') THEN
+            skipped := skipped || format('liveness %s', l.relid::regclass);
+            skip_why := skip_why || 'not readable by you'::text;
+            CONTINUE;
+        END IF;
         got := NULL;
         BEGIN
             SELECT * INTO ls FROM alkblobs.lock_source(l.relid);
@@ -88,8 +100,12 @@ BEGIN
             RAISE EXCEPTION 'liveness table % is locked by DDL in progress; verify again in a moment', l.relid::regclass
                 USING ERRCODE = 'lock_not_available';
         END IF;
+        IF NOT ls.gone AND ls.problem IS NOT NULL THEN
+            skipped := skipped || format('liveness %s', l.relid::regclass);
+            skip_why := skip_why || ('refused: it ' || ls.problem);
+        END IF;
         CONTINUE WHEN got IS NULL;
-        IF ks IS NULL THEN
+        IF paging THEN
             keys := keys || got;
         END IF;
         ref_keys := ref_keys || got;
@@ -97,7 +113,7 @@ BEGIN
                                                     CASE WHEN l.forward_refs THEN ' (forward references)' ELSE '' END),
                                              ARRAY[cardinality(got)]);
     END LOOP;
-    IF ks IS NULL THEN
+    IF paging THEN
         ks := ARRAY(SELECT DISTINCT k FROM unnest(keys) k ORDER BY k LIMIT lim);
     END IF;
     RETURN QUERY
@@ -119,9 +135,17 @@ BEGIN
       -- (The references, grouped once: a hash join, not a scan per key.)
       LEFT JOIN (SELECT g.key, array_agg(g.name ORDER BY g.name) AS names
                    FROM unnest(ref_keys, ref_names) g(key, name) GROUP BY g.key) rf ON rf.key = k.key) x
-     -- (A key nothing records or references is not in the record.)
-     WHERE x.record IS NOT NULL OR cardinality(x.refs) > 0
+     -- (A key nothing records or references is not in the record; but a
+     -- page keeps every key it picked, even one a sweep deleted since: a
+     -- page emptied that way would end the walk early.)
+     WHERE x.record IS NOT NULL OR cardinality(x.refs) > 0 OR paging
      ORDER BY x.key;
+    -- Then one row per source skipped here (key NULL, record
+    -- 'unchecked', refs {source, problem}): a table that failed
+    -- validation, or that the caller could no longer read, while this page
+    -- was read. The run that got it is not whole.
+    RETURN QUERY SELECT NULL::bytea, 'unchecked'::text, NULL::bigint, NULL::bigint, ARRAY[s.src, s.why]
+                   FROM unnest(skipped, skip_why) s(src, why);
 END $$;
 
 -- The record of pool `pool` after key `after`, at most `lim` keys (1 to
@@ -175,6 +199,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'read');
     l record;
+    ls record;
     prob text;
 BEGIN
     FOR l IN SELECT lv.relid FROM alkblobs.liveness lv JOIN pg_catalog.pg_class c ON c.oid = lv.relid
@@ -185,9 +210,19 @@ BEGIN
             RETURN NEXT;
             CONTINUE;
         END IF;
+        -- The check verify_rows makes (inside a subtransaction rolled
+        -- back: the lock is not kept), so that a source this reports as
+        -- fine is one the walk reads.
+        prob := NULL;
         BEGIN
-            prob := alkblobs.source_problem_top(l.relid);
-        EXCEPTION WHEN OTHERS THEN
+            SELECT * INTO ls FROM alkblobs.lock_source(l.relid);
+            IF NOT ls.gone THEN
+                prob := ls.problem;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = 'AB999';
+        EXCEPTION WHEN SQLSTATE 'AB999' THEN
+            NULL;
+        WHEN OTHERS THEN
             prob := 'cannot be checked: ' || SQLERRM;
         END;
         IF prob IS NOT NULL THEN
@@ -249,13 +284,24 @@ BEGIN
     END IF;
     bad := $6 > 0 OR $7 > 0;
     is_whole := $3 AND NOT EXISTS (SELECT 1 FROM @extschema@.alkblobs_verify_sources($1));
-    INSERT INTO alkblobs.verifies AS v (pool, role, started, finished, whole, checked, bytes, missing, corrupt, unrecorded, damaged_since)
-    VALUES (pl.id, session_user, $2, clock_timestamp(), is_whole, $4, $5, $6, $7, $8, CASE WHEN bad THEN clock_timestamp() END)
+    -- (A start in the future, from a client whose clock runs ahead, is
+    -- taken as now: it must not pass for a run that began after damage
+    -- another run found meanwhile.)
+    INSERT INTO alkblobs.verifies AS v (pool, role, started, finished, whole, checked, bytes, missing, corrupt, unrecorded,
+                                        damaged_since, last_damage)
+    VALUES (pl.id, session_user, least($2, clock_timestamp()), clock_timestamp(), is_whole, $4, $5, $6, $7, $8,
+            CASE WHEN bad THEN clock_timestamp() END, CASE WHEN bad THEN clock_timestamp() END)
     ON CONFLICT ON CONSTRAINT verifies_pkey DO UPDATE
        SET role = EXCLUDED.role, started = EXCLUDED.started, finished = EXCLUDED.finished, whole = EXCLUDED.whole,
            checked = EXCLUDED.checked, bytes = EXCLUDED.bytes, missing = EXCLUDED.missing,
            corrupt = EXCLUDED.corrupt, unrecorded = EXCLUDED.unrecorded,
+           -- Cleared only by a whole run that started after the last run
+           -- that found damage finished (a long run must not clear what a
+           -- slice found while it ran).
            damaged_since = CASE WHEN bad THEN coalesce(v.damaged_since, clock_timestamp())
-                                WHEN EXCLUDED.whole AND EXCLUDED.started > v.damaged_since THEN NULL
-                                ELSE v.damaged_since END;
+                                WHEN EXCLUDED.whole AND EXCLUDED.started > coalesce(v.last_damage, v.damaged_since) THEN NULL
+                                ELSE v.damaged_since END,
+           last_damage = CASE WHEN bad THEN clock_timestamp()
+                              WHEN EXCLUDED.whole AND EXCLUDED.started > coalesce(v.last_damage, v.damaged_since) THEN NULL
+                              ELSE v.last_damage END;
 END $$;

@@ -221,6 +221,21 @@ ALTER TABLE alkblobs.entries ADD COLUMN outboard bytea,
     ADD CONSTRAINT outboard_of_lo CHECK (outboard IS NULL OR tier = 'lo') NOT VALID;
 ALTER TABLE alkblobs.entries VALIDATE CONSTRAINT outboard_of_lo;
 ALTER TABLE alkblobs.entries ALTER COLUMN outboard SET STORAGE EXTERNAL;
+-- One entry per large object (see bootstrap.sql). Two entries can share
+-- one only after an object was lost and its OID handed out again: that
+-- must be looked at by a person, not resolved by the upgrade.
+DO $$
+DECLARE
+    dup oid;
+BEGIN
+    SELECT e.loid INTO dup FROM alkblobs.entries e WHERE e.loid IS NOT NULL GROUP BY e.loid HAVING count(*) > 1 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'alkblobs: several entries name large object %: at most one of them holds its bytes', dup
+            USING ERRCODE = 'unique_violation',
+                  HINT = 'List them with SELECT loid, array_agg(key) FROM alkblobs.entries WHERE loid IS NOT NULL GROUP BY loid HAVING count(*) > 1; run alkblobs verify, put the lost keys again, then delete the entries whose content does not hash to their key.';
+    END IF;
+END $$;
+CREATE UNIQUE INDEX entries_loid ON alkblobs.entries (loid) WHERE loid IS NOT NULL;
 DROP FUNCTION @extschema@.alkblobs_lo_commit(text, bytea, oid, text);
 -- The last verify of each pool (alkblobs_verify_finished), which
 -- alkblobs_health reads (three columns appended to it).
@@ -235,7 +250,11 @@ CREATE TABLE alkblobs.verifies (
     missing       bigint NOT NULL,
     corrupt       bigint NOT NULL,
     unrecorded    bigint NOT NULL,
-    damaged_since timestamptz
+    -- Since when content is missing or corrupt (the first run that found
+    -- it), and when the last run that found any finished: only a whole
+    -- run that started after that clears both.
+    damaged_since timestamptz,
+    last_damage   timestamptz
 );
 REVOKE ALL ON alkblobs.verifies FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('alkblobs.verifies', '');

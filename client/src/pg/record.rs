@@ -17,6 +17,10 @@ pub struct PgRecord {
     pg: PgPool,
     tier_recorded: bool,
     large_indexed: bool,
+    /// Sources a page or look-up skipped while it read them (a liveness
+    /// table that failed validation, or the caller could no longer read,
+    /// mid-run): `(source, problem)`.
+    skipped: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
 
 impl PgRecord {
@@ -32,7 +36,28 @@ impl PgRecord {
             pg,
             tier_recorded,
             large_indexed,
+            skipped: Default::default(),
         }
+    }
+
+    /// The rows of a page or look-up: the records, after setting aside
+    /// the rows that name a source skipped (key NULL, record 'unchecked').
+    fn records(&self, rows: &[Row], engine: &str) -> Result<Vec<Record>> {
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            if r.get::<_, Option<&str>>(1) == Some("unchecked") {
+                let what: Vec<String> = r.get(4);
+                let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
+                if let [source, problem] = &what[..]
+                    && !skipped.iter().any(|(s, _)| s == source)
+                {
+                    skipped.push((source.clone(), problem.clone()));
+                }
+                continue;
+            }
+            out.push(record_of(r, engine)?);
+        }
+        Ok(out)
     }
 
     fn engine(&self) -> String {
@@ -87,7 +112,7 @@ impl PoolRecord for PgRecord {
                 ],
             )
             .await?;
-        rows.iter().map(|r| record_of(r, &engine)).collect()
+        self.records(&rows, &engine)
     }
 
     async fn lookup(&self, keys: &[Vec<u8>], refs: bool) -> Result<Vec<Record>> {
@@ -108,9 +133,7 @@ impl PoolRecord for PgRecord {
                     ],
                 )
                 .await?;
-            for r in &rows {
-                out.push(record_of(r, &engine)?);
-            }
+            out.extend(self.records(&rows, &engine)?);
         }
         Ok(out)
     }
@@ -125,7 +148,28 @@ impl PoolRecord for PgRecord {
                 &[(&self.pg.name(), Type::TEXT)],
             )
             .await?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        let mut out: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        for (source, problem) in self
+            .skipped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            if !out.iter().any(|(s, _)| s == source) {
+                out.push((source.clone(), problem.clone()));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn clock(&self) -> Result<std::time::SystemTime> {
+        let rows = self
+            .pg
+            .rows(&self.engine(), None, "SELECT clock_timestamp()", &[])
+            .await?;
+        Ok(rows
+            .first()
+            .map_or_else(std::time::SystemTime::now, |r| r.get(0)))
     }
 
     async fn abandoned_uploads(&self) -> Result<Vec<AbandonedUpload>> {

@@ -457,9 +457,17 @@ impl Store {
         };
         match self.inner.record.clone() {
             Some(record) => {
-                let started = std::time::SystemTime::now();
+                let started = record.clock().await?;
                 self.verify_record(record.as_ref(), &opts, &progress, &mut report)
                     .await?;
+                // A source may have failed while the walk read it.
+                for (source, problem) in record.unchecked_sources().await? {
+                    if !report.unchecked_sources.iter().any(|u| u.source == source) {
+                        report
+                            .unchecked_sources
+                            .push(UncheckedSource { source, problem });
+                    }
+                }
                 if !record.large_indexed() && self.large().is_some() {
                     self.verify_large_listing(&opts, &progress, &mut report)
                         .await?;
