@@ -894,9 +894,9 @@ async fn a_whole_run_clears_only_damage_found_before_it_started() {
     assert_eq!(health(&c, &pool).await.0, "ok");
 }
 
-/// A liveness table the verifying role can no longer read, once the walk
-/// has begun, is named as unchecked and the run is not whole: its keys
-/// were not checked from then on.
+/// A liveness table the verifying role cannot read for part of the walk
+/// is named as unchecked and the run is not whole: the keys of the pages
+/// read meanwhile were not checked against it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_lost_mid_run_makes_the_run_not_whole() {
     let c = connect().await;
@@ -925,20 +925,28 @@ async fn a_source_lost_mid_run_makes_the_run_not_whole() {
         .await
         .unwrap();
     assert!(whole.whole && whole.unchecked_sources.is_empty(), "{whole:?}");
-    let revoke = std::sync::Once::new();
-    let sql = format!("REVOKE SELECT ON {table} FROM {role}");
+    // Revoked while the first page is checked, granted again while the
+    // second is: only that page's read finds the table unreadable (the
+    // checks before and after the walk see it fine).
+    let psql = |sql: String| {
+        let o = std::process::Command::new("psql")
+            .args(["-X", "-q", &url(), "-c", &sql])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+    };
+    let calls = std::sync::atomic::AtomicUsize::new(0);
     let report = store
         .verify_with_options(VerifyOptions::default().page(2), |_| {
-            revoke.call_once(|| {
-                let o = std::process::Command::new("psql")
-                    .args(["-X", "-q", &url(), "-c", &sql])
-                    .output()
-                    .unwrap();
-                assert!(o.status.success(), "{o:?}");
-            })
+            match calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                0 => psql(format!("REVOKE SELECT ON {table} FROM {role}")),
+                2 => psql(format!("GRANT SELECT ON {table} TO {role}")),
+                _ => {}
+            }
         })
         .await
         .unwrap();
+    assert!(calls.into_inner() >= 6);
     assert!(!report.whole, "{report:?}");
     assert_eq!(
         report
