@@ -747,3 +747,296 @@ fn a_non_loopback_client_without_tokens_is_refused() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Reads what `s` sends until the server closes it or `limit` passes;
+/// (bytes, whether the server closed it within the limit).
+fn drain(s: &mut std::net::TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let until = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (got, false);
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return (got, true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return (got, false);
+            }
+            // Reset by the server: closed.
+            Err(_) => return (got, true),
+        }
+    }
+}
+
+/// A hostile client over raw sockets: connections that send nothing, half
+/// an HTTP/2 preface or a whole one (h2c is not served: the preface is a
+/// malformed HTTP/1 request), or that finish nothing of a TLS handshake,
+/// are cut off after the idle cut-off; past `--max-connections` the
+/// server accepts nobody until one closes, then serves again.
+#[test]
+fn silent_and_h2c_connections_are_cut_off_and_their_number_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let s = Served::start(d, &["--idle-timeout", "2s", "--max-connections", "4"]);
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let mut held: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    held[1].write_all(b"GET /blobs HTTP/1.1\r\nHo").unwrap();
+    // The fifth waits in the backlog: not served while the four are open.
+    let (c, _) = curl(&["--max-time", "1", &format!("{}/blobs", s.url)]);
+    assert_eq!(c, 0, "served past --max-connections");
+    for (i, h) in held.iter_mut().enumerate() {
+        let (got, closed) = drain(h, Duration::from_secs(15));
+        assert!(closed, "connection {i} was not cut off");
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            got.is_empty() || text.starts_with("HTTP/1.1 4") || text.starts_with("HTTP/1.1 5"),
+            "connection {i}: {text}"
+        );
+    }
+    let (c, _) = curl(&[&format!("{}/blobs", s.url)]);
+    assert_eq!(c, 200, "served again once the silent ones were cut");
+    // HTTP/2 cleartext: half a preface waits for the rest no longer than
+    // any other request line; a whole one is refused and closed at once.
+    for (name, bytes) in [
+        ("half a preface", &b"PRI * HTTP/2.0\r\n"[..]),
+        ("a preface", &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..]),
+    ] {
+        let mut h = std::net::TcpStream::connect(&addr).unwrap();
+        h.write_all(bytes).unwrap();
+        let (got, closed) = drain(&mut h, Duration::from_secs(15));
+        let text = String::from_utf8_lossy(&got);
+        assert!(closed, "{name}: not cut off");
+        assert!(!text.contains("HTTP/2"), "{name}: answered as h2c: {text}");
+    }
+    let (status, log) = s.stop();
+    assert!(status.success() && !log.contains("panicked"), "{log}");
+
+    // Over TLS: a client that connects and sends nothing, or a TLS
+    // ClientHello and then nothing more, is cut off too.
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(d.join("key.pem"))
+        .arg("-out")
+        .arg(d.join("cert.pem"))
+        .output()
+        .unwrap();
+    assert!(ok.status.success());
+    let (cert, key) = (
+        d.join("cert.pem").display().to_string(),
+        d.join("key.pem").display().to_string(),
+    );
+    let s = Served::start(
+        d,
+        &[
+            "--idle-timeout",
+            "2s",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+    );
+    let addr = s.url.trim_start_matches("https://").to_owned();
+    let mut silent = std::net::TcpStream::connect(&addr).unwrap();
+    // A ClientHello's first bytes (a TLS record header and part of it).
+    let mut partial = std::net::TcpStream::connect(&addr).unwrap();
+    partial
+        .write_all(&[
+            0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+        ])
+        .unwrap();
+    for (name, c) in [("silent", &mut silent), ("partial hello", &mut partial)] {
+        let (_, closed) = drain(c, Duration::from_secs(15));
+        assert!(closed, "a {name} TLS client was not cut off");
+    }
+    let (status, log) = s.stop();
+    assert!(status.success() && !log.contains("panicked"), "{log}");
+}
+
+/// `--max-concurrency` is one limit for the whole server, and an upload
+/// trickled under the minimum rate ends (408) instead of holding its slot
+/// for ever: two trickling uploads hold both slots of a server for a
+/// while — a GET waits too — and once they are cut off every method is
+/// served again.
+#[test]
+fn trickling_uploads_end_and_the_concurrency_limit_is_the_servers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let s = Served::start(d, &["--idle-timeout", "3s", "--max-concurrency", "2"]);
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickles: Vec<_> = (0..2)
+        .map(|_| {
+            let addr = addr.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = std::net::TcpStream::connect(&addr).unwrap();
+                c.write_all(b"POST /blobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+                    .unwrap();
+                // A byte every half second, for up to 30 s.
+                for _ in 0..60 {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) || c.write_all(b"x").is_err()
+                    {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                let (got, _) = drain(&mut c, Duration::from_secs(5));
+                String::from_utf8_lossy(&got).into_owned()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // Both slots are taken: a GET waits (a per-route limit served it).
+    let (c, _) = curl(&["--max-time", "1", &format!("{}/blobs", s.url)]);
+    assert_eq!(
+        c, 0,
+        "a GET was served while the server's two slots were taken"
+    );
+    for t in trickles {
+        let answer = t.join().unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 408") && answer.contains("body_timeout"),
+            "{answer}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (c, _) = curl(&[
+        "-X",
+        "POST",
+        "--data-binary",
+        "after the trickles",
+        &format!("{}/blobs", s.url),
+    ]);
+    assert_eq!(c, 201);
+    let (status, log) = s.stop();
+    assert!(status.success() && !log.contains("panicked"), "{log}");
+}
+
+/// A client that stops reading a GET is cut off once the server's writes
+/// have made no progress for the idle cut-off (its buffers full).
+#[test]
+fn a_client_that_stops_reading_is_cut_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let s = Served::start(d, &["--idle-timeout", "1s"]);
+    let big = blob(48 << 20, 3);
+    std::fs::write(d.join("big"), &big).unwrap();
+    let at = format!("{}/blobs/{}", s.url, b3(&big));
+    let (c, _) = curl(&[
+        "-X",
+        "PUT",
+        "--data-binary",
+        &format!("@{}", d.join("big").display()),
+        &at,
+    ]);
+    assert_eq!(c, 201);
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let mut c = std::net::TcpStream::connect(&addr).unwrap();
+    c.write_all(format!("GET /blobs/{} HTTP/1.1\r\nHost: x\r\n\r\n", b3(&big)).as_bytes())
+        .unwrap();
+    // Read nothing for a while: the server's writes stall.
+    std::thread::sleep(Duration::from_secs(6));
+    let (got, closed) = drain(&mut c, Duration::from_secs(15));
+    assert!(closed, "the connection was not cut off");
+    assert!(
+        got.len() < big.len(),
+        "the whole blob was sent: {}",
+        got.len()
+    );
+    // Others are served.
+    let (c, b) = curl(&["-r", "0-9", &at]);
+    assert_eq!((c, b.as_slice()), (206, &big[..10]));
+    let (status, log) = s.stop();
+    assert!(status.success() && !log.contains("panicked"), "{log}");
+}
+
+/// What HTTP/1.1 leaves ambiguous is refused with a reason, and what it
+/// allows is accepted: a lower-case `bearer` scheme, a HEAD answered 304
+/// without a length of 0, two Host headers (400), a transfer coding other
+/// than chunked (501), a method a route does not serve (405 with a code).
+#[test]
+fn ambiguous_requests_are_refused_with_reasons() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("tokens"), "writer-token-0123456789 write\n").unwrap();
+    let tokens = d.join("tokens").display().to_string();
+    let s = Served::start(d, &["--token-file", &tokens]);
+    let (c, b) = curl(&[
+        "-H",
+        "Authorization: bearer writer-token-0123456789",
+        "-X",
+        "POST",
+        "--data-binary",
+        "lower-case scheme",
+        &format!("{}/blobs", s.url),
+    ]);
+    assert_eq!(c, 201, "{}", String::from_utf8_lossy(&b));
+    let key = b3(b"lower-case scheme");
+    let o = Command::new("curl")
+        .args([
+            "-sI",
+            "-H",
+            "Authorization: Bearer writer-token-0123456789",
+            "-H",
+            &format!("If-None-Match: \"{key}\""),
+            &format!("{}/blobs/{key}", s.url),
+        ])
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&o.stdout).to_lowercase();
+    assert!(head.starts_with("http/1.1 304"), "{head}");
+    assert!(!head.contains("content-length: 0"), "{head}");
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let raw = |req: &str| -> String {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.write_all(req.as_bytes()).unwrap();
+        let (got, _) = drain(&mut c, Duration::from_secs(10));
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let auth = "Authorization: Bearer writer-token-0123456789\r\n";
+    let two_hosts = raw(&format!(
+        "GET /blobs HTTP/1.1\r\nHost: a\r\nHost: b\r\n{auth}Connection: close\r\n\r\n"
+    ));
+    assert!(two_hosts.starts_with("HTTP/1.1 400"), "{two_hosts}");
+    let gzip = raw(&format!(
+        "POST /blobs HTTP/1.1\r\nHost: a\r\n{auth}Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    ));
+    assert!(gzip.starts_with("HTTP/1.1 501"), "{gzip}");
+    assert!(gzip.contains("unsupported_transfer_coding"), "{gzip}");
+    let (c, b) = curl(&[
+        "-X",
+        "DELETE",
+        "-H",
+        "Authorization: Bearer writer-token-0123456789",
+        &format!("{}/blobs", s.url),
+    ]);
+    assert_eq!(c, 405);
+    assert_eq!(json(&b)["error"]["code"], "method_not_allowed");
+    let (status, log) = s.stop();
+    assert!(status.success() && !log.contains("panicked"), "{log}");
+}

@@ -846,8 +846,10 @@ async fn a_page_whose_keys_are_deleted_meanwhile_is_not_short() {
     sweeper.batch_execute("COMMIT").await.unwrap();
     let rows = page.await.unwrap();
     let got: Vec<(Vec<u8>, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let want: Vec<(Vec<u8>, Option<String>)> =
-        keys[..3].iter().map(|k| (k.as_bytes().to_vec(), None)).collect();
+    let want: Vec<(Vec<u8>, Option<String>)> = keys[..3]
+        .iter()
+        .map(|k| (k.as_bytes().to_vec(), None))
+        .collect();
     assert_eq!(got, want);
     // And the walk goes on past them to the rooted key.
     let report = store.verify().await.unwrap();
@@ -905,9 +907,11 @@ async fn a_source_lost_mid_run_makes_the_run_not_whole() {
     let role = alkblobs_tests::pg::login_role(&c, "vfmid", "alkblobs_sweeper").await;
     alkblobs_tests::pg::grant_pool(&c, &pool, &role, "sweep").await;
     alkblobs_tests::pg::grant_pool(&c, &pool, &role, "write").await;
-    c.batch_execute(&format!("GRANT alkblobs_writer TO {role}; GRANT SELECT ON {table} TO {role}"))
-        .await
-        .unwrap();
+    c.batch_execute(&format!(
+        "GRANT alkblobs_writer TO {role}; GRANT SELECT ON {table} TO {role}"
+    ))
+    .await
+    .unwrap();
     let writer = Store::open_fleet(FleetOptions::new(url(), &pool, FleetLarge::KvOnly))
         .await
         .unwrap();
@@ -924,7 +928,10 @@ async fn a_source_lost_mid_run_makes_the_run_not_whole() {
         .verify_with_options(VerifyOptions::default().page(2), |_| {})
         .await
         .unwrap();
-    assert!(whole.whole && whole.unchecked_sources.is_empty(), "{whole:?}");
+    assert!(
+        whole.whole && whole.unchecked_sources.is_empty(),
+        "{whole:?}"
+    );
     // Revoked while the first page is checked, granted again while the
     // second is: only that page's read finds the table unreadable (the
     // checks before and after the walk see it fine).

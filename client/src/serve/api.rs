@@ -33,6 +33,8 @@ pub(super) struct State {
     pub(super) max_held_pins: usize,
     pub(super) max_body: u64,
     pub(super) idle: Duration,
+    /// The slowest average body rate past `idle`, bytes a second.
+    pub(super) min_rate: u64,
 }
 
 type Shared = Arc<State>;
@@ -120,7 +122,7 @@ impl IntoResponse for ApiError {
 
 type ApiResult<T = Response> = std::result::Result<T, ApiError>;
 
-pub(super) fn router(state: Shared, max_concurrency: usize) -> Router {
+pub(super) fn router(state: Shared) -> Router {
     Router::new()
         .route("/blobs", post(post_blob).get(list_blobs))
         .route("/blobs/{key}", get(get_blob).put(put_blob))
@@ -140,9 +142,46 @@ pub(super) fn router(state: Shared, max_concurrency: usize) -> Router {
                 "no such route: see `alkblobs serve --help`",
             )
         })
+        .method_not_allowed_fallback(|method: Method| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} is not served on this route: see `alkblobs serve --help`"),
+            )
+        })
+        .layer(axum::middleware::from_fn(refuse_ambiguous))
         .layer(axum::middleware::from_fn(access_log))
-        .layer(tower::limit::ConcurrencyLimitLayer::new(max_concurrency))
         .with_state(state)
+}
+
+/// Refuses what HTTP/1.1 leaves ambiguous before any handler sees it: two
+/// `Host` headers (RFC 9112, 3.2: 400), and a transfer coding other than
+/// `chunked` (the body would be stored still encoded: 501, RFC 9112, 6.1).
+async fn refuse_ambiguous(req: Request, next: Next) -> Response {
+    if req.headers().get_all(header::HOST).iter().count() > 1 {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "a request has one Host header",
+        )
+        .into_response();
+    }
+    for te in req.headers().get_all(header::TRANSFER_ENCODING) {
+        let codings = te.to_str().unwrap_or("?");
+        if codings
+            .split(',')
+            .map(str::trim)
+            .any(|c| !c.eq_ignore_ascii_case("chunked"))
+        {
+            return ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "unsupported_transfer_coding",
+                format!("transfer coding {codings:?} is not supported: send the body chunked or with a Content-Length"),
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// One line per request through `tracing` (target `alkblobs::access`).
@@ -181,7 +220,11 @@ fn authorize(s: &State, headers: &HeaderMap, peer: SocketAddr, need: Grant) -> A
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        // (The scheme is case-insensitive: RFC 9110, 11.1.)
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        })
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -257,6 +300,9 @@ async fn get_blob(
     if let Some(m) = header_str(&headers, header::IF_NONE_MATCH)
         && matches(m, &key)
     {
+        // The 200's length (a HEAD's 304 would otherwise say 0: a 304
+        // carries no length unless it is the 200's, RFC 9110, 8.6).
+        out.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
         return Ok((StatusCode::NOT_MODIFIED, out).into_response());
     }
     // If-Range with another validator: the whole blob.
@@ -448,14 +494,23 @@ async fn get_outboard(
 }
 
 /// A request body as a reader: at most `max` bytes (more is
-/// `FileTooLarge`), each chunk within `idle` of the last (else
+/// `FileTooLarge`), each chunk within `idle` of the last, and on average
+/// at least `min_rate` bytes a second once it has run for `idle` (else
 /// `TimedOut`).
-fn body_reader(body: Body, max: u64, idle: Duration) -> impl AsyncRead + Unpin + Send {
+fn body_reader(
+    body: Body,
+    max: u64,
+    idle: Duration,
+    min_rate: u64,
+) -> impl AsyncRead + Unpin + Send {
     let mut seen = 0u64;
     let stream = IdleCut {
         inner: Box::pin(body.into_data_stream().map_err(std::io::Error::other)),
         idle,
         timer: Box::pin(tokio::time::sleep(idle)),
+        started: tokio::time::Instant::now(),
+        min_rate,
+        got: 0,
     }
     .map(move |r| {
         let chunk = r?;
@@ -472,11 +527,15 @@ fn body_reader(body: Body, max: u64, idle: Duration) -> impl AsyncRead + Unpin +
 }
 
 /// A stream that fails with `TimedOut` when its source sends nothing for
-/// `idle`.
+/// `idle`, or less than `min_rate` bytes a second on average once it has
+/// run for `idle` (a trickle that would hold its request slot for ever).
 struct IdleCut {
     inner: Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send>>,
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
+    started: tokio::time::Instant,
+    min_rate: u64,
+    got: u64,
 }
 
 impl Stream for IdleCut {
@@ -484,10 +543,22 @@ impl Stream for IdleCut {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if let Poll::Ready(item) = self.inner.as_mut().poll_next(cx) {
+            let now = tokio::time::Instant::now();
             let idle = self.idle;
-            self.timer
-                .as_mut()
-                .reset(tokio::time::Instant::now() + idle);
+            self.timer.as_mut().reset(now + idle);
+            if let Some(Ok(chunk)) = &item {
+                self.got += chunk.len() as u64;
+                let ran = now - self.started;
+                if ran > idle && (self.got as f64) < self.min_rate as f64 * ran.as_secs_f64() {
+                    return Poll::Ready(Some(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "the client sent the body at under {} bytes a second",
+                            self.min_rate
+                        ),
+                    ))));
+                }
+            }
             return Poll::Ready(item);
         }
         match self.timer.as_mut().poll(cx) {
@@ -567,7 +638,7 @@ async fn put_blob(
     may_put(&s, &headers)?;
     let put = s
         .store
-        .put_reader_verified(&key, body_reader(body, s.max_body, s.idle))
+        .put_reader_verified(&key, body_reader(body, s.max_body, s.idle, s.min_rate))
         .await?;
     Ok(put_answer(&s, put))
 }
@@ -582,7 +653,7 @@ async fn post_blob(
     may_put(&s, &headers)?;
     let put = s
         .store
-        .put_reader(body_reader(body, s.max_body, s.idle))
+        .put_reader(body_reader(body, s.max_body, s.idle, s.min_rate))
         .await?;
     Ok(put_answer(&s, put))
 }
@@ -651,7 +722,7 @@ async fn put_outboard(
     let mut body_bytes = Vec::new();
     {
         use tokio::io::AsyncReadExt;
-        body_reader(body, want, s.idle)
+        body_reader(body, want, s.idle, s.min_rate)
             .read_to_end(&mut body_bytes)
             .await
             .map_err(|source| Error::Input {

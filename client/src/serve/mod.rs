@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use crate::{Error, Result, Store};
 
 mod api;
+mod listen;
 mod range;
 
 pub use api::ApiError;
@@ -131,16 +132,27 @@ pub struct ServeOptions {
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// The largest upload body (default 64 GiB): 413 beyond.
     pub max_body: u64,
-    /// Requests served at once (default 64); more wait their turn.
+    /// Requests served at once, by the whole server (default 64); more
+    /// wait their turn.
     pub max_concurrency: usize,
+    /// Connections open at once (default 512; keep it under the process's
+    /// descriptor limit, less what the store needs): past it the server
+    /// accepts no more until one closes.
+    pub max_connections: usize,
+    /// The slowest an upload may send its body, on average once it has
+    /// run for `idle_timeout` (default 4 KiB/s): a body trickled slower
+    /// ends with 408 instead of holding a request slot.
+    pub min_upload_rate: u64,
     /// How long a put's pin is held for its client (default 10 minutes).
     pub pin_hold: Duration,
     /// Pins held for clients at once (default 100,000): a put beyond is
     /// refused (503 `pins_full`) before its body is read, until clients
     /// release theirs or holds end.
     pub max_held_pins: usize,
-    /// A client that sends nothing for this long (headers or body) is cut
-    /// off (default 30 s).
+    /// A connection that waits this long on its client is cut off
+    /// (default 30 s): a TLS handshake, a request's headers (counted from
+    /// the first byte the server waits for), a silence in a body, or a
+    /// response the client does not read.
     pub idle_timeout: Duration,
 }
 
@@ -153,6 +165,8 @@ impl ServeOptions {
             tls: None,
             max_body: 64 << 30,
             max_concurrency: 64,
+            max_connections: 512,
+            min_upload_rate: 4096,
             pin_hold: Duration::from_secs(600),
             max_held_pins: 100_000,
             idle_timeout: Duration::from_secs(30),
@@ -184,6 +198,18 @@ impl ServeOptions {
     /// Requests served at once.
     pub fn max_concurrency(mut self, n: usize) -> Self {
         self.max_concurrency = n.max(1);
+        self
+    }
+
+    /// Connections open at once.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// The slowest average upload rate, in bytes a second (0: none).
+    pub fn min_upload_rate(mut self, bytes_per_second: u64) -> Self {
+        self.min_upload_rate = bytes_per_second;
         self
     }
 
@@ -247,7 +273,8 @@ impl HeldPins {
 /// A running server: its address, and the way to stop it.
 pub struct Server {
     addr: SocketAddr,
-    handle: axum_server::Handle,
+    stop: tokio_util::sync::CancellationToken,
+    connections: tokio_util::task::TaskTracker,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
@@ -260,7 +287,17 @@ impl Server {
     /// Stops accepting, lets requests in flight finish (up to `grace`),
     /// then returns.
     pub async fn shutdown(self, grace: Duration) -> Result<()> {
-        self.handle.graceful_shutdown(Some(grace));
+        self.stop.cancel();
+        self.connections.close();
+        if tokio::time::timeout(grace, self.connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?grace,
+                "requests still in flight after the shutdown grace: cut off"
+            );
+        }
         match self.task.await {
             Ok(r) => r.map_err(|e| Error::engine("serve", e)),
             Err(e) => Err(Error::engine(
@@ -273,6 +310,16 @@ impl Server {
 
 /// Starts serving `store`; returns once it listens.
 pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
+    let tls = match &opts.tls {
+        None => None,
+        Some((cert, key)) => Some(listen::tls_acceptor(cert, key).map_err(Error::Config)?),
+    };
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", opts.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::Config(format!("cannot listen on {}: {e}", opts.listen)))?;
     let state = Arc::new(api::State {
         store,
         tokens: opts.tokens.clone(),
@@ -281,6 +328,7 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
         max_held_pins: opts.max_held_pins,
         max_body: opts.max_body,
         idle: opts.idle_timeout,
+        min_rate: opts.min_upload_rate,
     });
     let reaper = Arc::downgrade(&state);
     tokio::spawn(async move {
@@ -290,61 +338,27 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
             s.pins.expire(Instant::now());
         }
     });
-    let app = api::router(state, opts.max_concurrency);
-    let handle = axum_server::Handle::new();
-    let make = app.into_make_service_with_connect_info::<SocketAddr>();
-    let listen = opts.listen;
-    let idle = opts.idle_timeout;
-    // Headers that do not arrive within the idle cut-off end the connection.
-    fn with_timeouts<A>(
-        mut server: axum_server::Server<A>,
-        idle: Duration,
-    ) -> axum_server::Server<A> {
-        server
-            .http_builder()
-            .http1()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(idle);
-        server
-    }
-    let task = match &opts.tls {
-        None => {
-            let server = with_timeouts(axum_server::bind(listen).handle(handle.clone()), idle);
-            tokio::spawn(server.serve(make))
-        }
-        Some((cert, key)) => {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            let config = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
-                .await
-                .map_err(|e| {
-                    Error::Config(format!(
-                        "TLS certificate {} / key {}: {e}",
-                        cert.display(),
-                        key.display()
-                    ))
-                })?;
-            // HTTP/1.1 only, as over plain TCP: the router is built for it
-            // (an early answer to an unread upload, a 401 say, is a stream
-            // error under HTTP/2's flow control, not an answer).
-            let mut tls = (*config.get_inner()).clone();
-            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-            config.reload_from_config(Arc::new(tls));
-            let server = with_timeouts(
-                axum_server::bind_rustls(listen, config).handle(handle.clone()),
-                idle,
-            );
-            tokio::spawn(server.serve(make))
-        }
+    // One limit for the server: a layer on the router would give each
+    // route and method its own.
+    let app = tower::limit::ConcurrencyLimit::new(api::router(state), opts.max_concurrency);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let connections = tokio_util::task::TaskTracker::new();
+    let limits = listen::Limits {
+        idle: opts.idle_timeout,
+        max_connections: opts.max_connections,
     };
-    let addr = match handle.listening().await {
-        Some(a) => a,
-        None => {
-            let why = match task.await {
-                Ok(Err(e)) => e.to_string(),
-                _ => "it stopped".to_owned(),
-            };
-            return Err(Error::Config(format!("cannot listen on {listen}: {why}")));
-        }
-    };
-    Ok(Server { addr, handle, task })
+    let task = tokio::spawn(listen::accept_loop(
+        listener,
+        tls,
+        app,
+        limits,
+        stop.clone(),
+        connections.clone(),
+    ));
+    Ok(Server {
+        addr,
+        stop,
+        connections,
+        task,
+    })
 }

@@ -638,8 +638,7 @@ impl Store {
                     };
                     RecordCheck::Content(
                         Tier::Large,
-                        check(self, Tier::Large, &key, generation, opts.repair_outboards)
-                            .await?,
+                        check(self, Tier::Large, &key, generation, opts.repair_outboards).await?,
                     )
                 }
                 // A kv-only node cannot read the pool's large tier: not a

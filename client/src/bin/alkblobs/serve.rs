@@ -27,9 +27,17 @@ pub struct ServeArgs {
     /// The largest upload, in bytes (413 beyond).
     #[arg(long, default_value_t = 64 << 30)]
     max_body: u64,
-    /// Requests served at once; more wait their turn.
+    /// Requests served at once, by the whole server; more wait their turn.
     #[arg(long, default_value_t = 64)]
     max_concurrency: usize,
+    /// Connections open at once; past it the server accepts no more until
+    /// one closes (keep it under the descriptor limit, `ulimit -n`).
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// The slowest average upload rate, in bytes a second, once an upload
+    /// has run for the idle cut-off (0: none); a slower one ends with 408.
+    #[arg(long, default_value_t = 4096)]
+    min_upload_rate: u64,
     /// How long a put's pin is held for its client when it does not release
     /// it (e.g. 10m).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
@@ -38,7 +46,9 @@ pub struct ServeArgs {
     /// pins_full) until clients release theirs or holds end.
     #[arg(long, default_value_t = 100_000)]
     max_held_pins: usize,
-    /// A client silent this long (headers or body) is cut off.
+    /// A connection that waits this long on its client is cut off: a TLS
+    /// handshake, a request's headers, a silence in a body, or a response
+    /// the client does not read.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
     /// How long requests in flight may finish after SIGTERM.
@@ -56,6 +66,8 @@ pub async fn serve(ctx: &Ctx, a: &ServeArgs) -> Res {
         .tokens(tokens.clone())
         .max_body(a.max_body)
         .max_concurrency(a.max_concurrency)
+        .max_connections(a.max_connections)
+        .min_upload_rate(a.min_upload_rate)
         .pin_hold(a.pin_hold)
         .max_held_pins(a.max_held_pins)
         .idle_timeout(a.idle_timeout);

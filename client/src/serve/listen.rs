@@ -1,0 +1,272 @@
+//! The server's accept loop. HTTP/1.1 only: over TLS by ALPN, and over
+//! plain TCP without protocol detection (an HTTP/2 preface is a malformed
+//! HTTP/1 request, answered and closed), so that no phase of a connection
+//! waits on its client unbounded:
+//!
+//! - at most `max_connections` open at once: past it the server stops
+//!   accepting until one closes (the kernel's backlog holds the rest);
+//! - a TLS handshake, and a request's headers (from the first byte the
+//!   server waits for, keep-alive included), must arrive within `idle`;
+//! - a request body must send a byte every `idle` (`api::body_reader`),
+//!   and keep up a minimum rate;
+//! - a response the client stops reading is cut off once its writes have
+//!   made no progress for `idle`.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What every connection is held to.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    pub(super) idle: Duration,
+    pub(super) max_connections: usize,
+}
+
+/// The service every request goes to: the router behind one concurrency
+/// limit for the whole server (a clone shares its permits).
+pub(super) type App = tower::limit::ConcurrencyLimit<axum::Router>;
+
+/// Accepts until `stop`; each connection runs on `tracker`.
+pub(super) async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    app: App,
+    limits: Limits,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+) -> std::io::Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            () = stop.cancelled() => return Ok(()),
+        };
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                // Out of descriptors, or a connection reset before it was
+                // accepted: not the listener's end. Pause on the first.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    if e.raw_os_error() == Some(libc_emfile()) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    continue;
+                }
+            },
+            () = stop.cancelled() => return Ok(()),
+        };
+        let _ = tcp.set_nodelay(true);
+        let (tls, app, stop) = (tls.clone(), app.clone(), stop.clone());
+        tracker.spawn(async move {
+            let _permit = permit;
+            if let Err(e) = connection(tcp, peer, tls, app, limits, stop).await {
+                tracing::debug!(%peer, error = %e, "connection ended");
+            }
+        });
+    }
+}
+
+/// EMFILE, without a libc dependency for one constant (Linux and the BSDs
+/// agree on 24).
+fn libc_emfile() -> i32 {
+    24
+}
+
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    app: App,
+    limits: Limits,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let io = WriteStall::new(tcp, limits.idle);
+    match tls {
+        None => serve(io, peer, app, limits, stop).await,
+        Some(acceptor) => {
+            let s = tokio::time::timeout(limits.idle, acceptor.accept(io))
+                .await
+                .map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the TLS handshake did not finish within the idle cut-off",
+                    )
+                })??;
+            serve(s, peer, app, limits, stop).await
+        }
+    }
+}
+
+async fn serve<I>(
+    io: I,
+    peer: SocketAddr,
+    app: App,
+    limits: Limits,
+    stop: CancellationToken,
+) -> std::io::Result<()>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        let app = app.clone();
+        tower::ServiceExt::oneshot(app, req.map(axum::body::Body::new))
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle)
+        .serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let r = tokio::select! {
+        r = conn.as_mut() => r,
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    r.map_err(std::io::Error::other)
+}
+
+/// A connection whose writes fail with `TimedOut` once they have made no
+/// progress for `idle`: a client that stops reading a response (or reads
+/// it a byte a minute) gives its connection back.
+struct WriteStall<T> {
+    inner: T,
+    idle: Duration,
+    /// Running while writes are pending; reset by any progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<T> WriteStall<T> {
+    fn new(inner: T, idle: Duration) -> Self {
+        WriteStall {
+            inner,
+            idle,
+            stalled: None,
+        }
+    }
+
+    /// After a pending write: time out if the stall has lasted `idle`.
+    fn pending<R>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<R>> {
+        let idle = self.idle;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing for the idle cut-off",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn done<R>(
+        &mut self,
+        r: Poll<std::io::Result<R>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<R>> {
+        match r {
+            Poll::Pending => self.pending(cx),
+            ready => {
+                self.stalled = None;
+                ready
+            }
+        }
+    }
+}
+
+use std::future::Future;
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteStall<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.done(r, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.done(r, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        self.done(r, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.done(r, cx)
+    }
+}
+
+/// A TLS acceptor from PEM files: HTTP/1.1 by ALPN.
+pub(super) fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect())
+        .map_err(|e| format!("TLS certificate {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "TLS certificate {}: no certificate in it",
+            cert.display()
+        ));
+    }
+    let key_der =
+        PrivateKeyDer::from_pem_file(key).map_err(|e| format!("TLS key {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key_der)
+        .map_err(|e| {
+            format!(
+                "TLS certificate {} / key {}: {e}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    // HTTP/1.1 only, as over plain TCP: the router is built for it (an
+    // early answer to an unread upload, a 401 say, is a stream error under
+    // HTTP/2's flow control, not an answer).
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
