@@ -73,12 +73,15 @@ CREATE TABLE alkblobs.pools (
     mode          text NOT NULL DEFAULT 'fleet' CONSTRAINT mode_known CHECK (mode IN ('fleet', 'single')),
     -- The role that created the pool (its login role): it and its members
     -- have every access to the pool; others need a grant (pool_grants).
-    -- A regrole (0.8.0; an oid before): dumped as the role's name, so a
-    -- restore into another cluster, whose roles have other OIDs, maps it to
-    -- the same role; a missing role fails the pool's restore, which fails
-    -- closed (no pool, no sweep). So does pool_grants.grantee. Pins,
-    -- registrations and uploads keep names instead (see pins.role).
-    owner         regrole NOT NULL,
+    -- The role's name (0.8.0; an oid before), as pins.role: a restore into
+    -- another cluster, whose roles have other OIDs, hands the pool to the
+    -- same role by name, and one without that role still loads the pool
+    -- and everything that references it (its registrations, marks and
+    -- staged rows): only the owner's own access waits until the role
+    -- exists. (A regrole failed the whole table's restore, and with it
+    -- every table that references pools.) The same for
+    -- pool_grants.grantee.
+    owner         name NOT NULL,
     -- Largest large object an upload may write (offset + chunk length).
     max_object_bytes bigint NOT NULL DEFAULT 68719476736
                   CONSTRAINT max_object_positive CHECK (max_object_bytes > 0),
@@ -129,7 +132,8 @@ CREATE TABLE alkblobs.pools (
 -- read) or 'admin' (everything). See alkblobs.may().
 CREATE TABLE alkblobs.pool_grants (
     pool    integer NOT NULL REFERENCES alkblobs.pools (id) ON DELETE CASCADE,
-    grantee regrole NOT NULL,
+    -- A name (see pools.owner): one missing grantee costs only its rows.
+    grantee name NOT NULL,
     access  text NOT NULL CHECK (access IN ('read', 'write', 'sweep', 'admin')),
     PRIMARY KEY (pool, grantee, access)
 );

@@ -231,8 +231,11 @@ END $$;
 -- text (white space aside); `scripts/gen-upgrade.py --inline` rewrites the
 -- copies from it. (Superusers take the fallback; pg_hotpaths'
 -- inline_access_checks_follow_the_pool_grants checks that both agree.)
--- @source may(write): (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE') OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')))
--- @source may(read): (pg_catalog.pg_has_role(session_user, p.owner, 'USAGE') OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, g.grantee, 'USAGE')))
+-- (Roles are held by name: one that does not exist, in a restore without
+-- it, has nobody's access, and its name never reaches pg_has_role, which
+-- raises for an unknown name.)
+-- @source may(write): (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = p.owner AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')))
+-- @source may(read): (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = p.owner AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')))
 
 -- Does the caller have `need` ('read', 'write', 'sweep' or 'admin') on pool
 -- p? Superusers and members of the pool's owner role have everything;
@@ -246,8 +249,8 @@ SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
         OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
-                    WHERE r.oid = p.owner AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))
-        OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.oid = g.grantee
+                    WHERE r.rolname = p.owner AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))
+        OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee
                     WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')
                       AND (g.access = need OR g.access = 'admin' OR (need = 'read' AND g.access IN ('write', 'sweep'))));
 END $$;
@@ -291,6 +294,35 @@ CREATE OR REPLACE TRIGGER refuse_pool_delete BEFORE DELETE ON alkblobs.pools
     FOR EACH ROW EXECUTE FUNCTION alkblobs.refuse_pool_delete();
 CREATE OR REPLACE TRIGGER refuse_pool_truncate BEFORE TRUNCATE ON alkblobs.pools
     FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.refuse_pool_delete();
+
+-- A pool's owner and its grantees as a dump taken before 0.8.0 names them:
+-- by OID, as digits. Restored (such a dump is only right in the cluster it
+-- was taken in), each becomes the name of the role of that OID before the
+-- row is stored, so the first access check already finds it. A name of
+-- digits that is a role's name, or that no role's OID is, stays as it is.
+CREATE FUNCTION alkblobs.role_of_digits(n name) RETURNS name
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN n::text ~ '^[0-9]{1,10}$' AND n::text::bigint < 4294967296
+                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = n)
+                THEN coalesce((SELECT r.rolname FROM pg_catalog.pg_roles r WHERE r.oid = n::text::bigint::oid), n)
+                ELSE n END
+$$;
+CREATE FUNCTION alkblobs.roles_by_name() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'pools' THEN
+        NEW.owner := alkblobs.role_of_digits(NEW.owner);
+    ELSE
+        NEW.grantee := alkblobs.role_of_digits(NEW.grantee);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER owner_by_name BEFORE INSERT ON alkblobs.pools
+    FOR EACH ROW EXECUTE FUNCTION alkblobs.roles_by_name();
+CREATE OR REPLACE TRIGGER grantee_by_name BEFORE INSERT ON alkblobs.pool_grants
+    FOR EACH ROW EXECUTE FUNCTION alkblobs.roles_by_name();
 
 -- The executor's re-check and the validation of registered tables read
 -- the catalog and the pins as of each statement: only READ COMMITTED gives

@@ -222,7 +222,7 @@ BEGIN
     INSERT INTO alkblobs.pools (name, delete_window, pin_ttl, large_tier, owner, max_object_bytes, mode,
                                 sweep_every, history_keep, warn_after, critical_after, seen_incarnation, seen_start,
                                 large_location, collector, audit_every, tier_listing_due)
-    VALUES ($1, $2, $3, $4, alkblobs.caller(), $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
+    VALUES ($1, $2, $3, $4, session_user, $5, CASE WHEN $6 THEN 'single' ELSE 'fleet' END,
             nullif($7, interval '0'), $8, nullif($9, interval '0'), nullif($10, interval '0'),
             alkblobs.incarnation_id(), pg_catalog.pg_postmaster_start_time(), $11, v_collector, nullif($13, interval '0'),
             CASE WHEN $4 IN ('local', 's3') AND NOT $6 THEN clock_timestamp() END);
@@ -327,7 +327,8 @@ BEGIN
         RAISE EXCEPTION 'access must be ''read'', ''write'', ''sweep'' or ''admin'', got %', quote_literal($3)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO alkblobs.pool_grants (pool, grantee, access) VALUES (pl.id, $2, $3) ON CONFLICT DO NOTHING;
+    INSERT INTO alkblobs.pool_grants (pool, grantee, access)
+    VALUES (pl.id, pg_catalog.pg_get_userbyid($2), $3) ON CONFLICT DO NOTHING;
 END $$;
 
 CREATE FUNCTION @extschema@.alkblobs_revoke_pool(pool text, role regrole, access text)
@@ -339,6 +340,6 @@ DECLARE
 BEGIN
     PERFORM alkblobs.not_null($2, 'role');
     PERFORM alkblobs.not_null($3, 'access');
-    DELETE FROM alkblobs.pool_grants g WHERE g.pool = pl.id AND g.grantee = $2 AND g.access = $3;
+    DELETE FROM alkblobs.pool_grants g WHERE g.pool = pl.id AND g.grantee = pg_catalog.pg_get_userbyid($2) AND g.access = $3;
     RETURN FOUND;
 END $$;

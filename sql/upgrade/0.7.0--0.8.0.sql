@@ -9,10 +9,10 @@
 -- * the role columns pg_dump writes are role names instead of OIDs, so a
 --   restore into another cluster hands every pool, grant and pin to the
 --   same roles (by name) and not to whichever roles got those OIDs there:
---   pools.owner and pool_grants.grantee are regrole (a missing role fails
---   their restore: closed), pins.role, liveness.registered_by and
---   uploads.role plain names (a missing role must never drop pins or
---   registrations from a restore);
+--   pools.owner, pool_grants.grantee, pins.role, liveness.registered_by
+--   and uploads.role are plain names: a restore without one of the roles
+--   loads every row (a missing role costs only its own access: no pool,
+--   grant, pin or registration of another is lost with it);
 -- * an upload row restored from another cluster (its transaction id is
 --   that cluster's) counts as abandoned instead of making alkblobs_sweep,
 --   alkblobs_usage and alkblobs_health fail with 22023
@@ -70,8 +70,8 @@ STABLE PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'scheduler_preloaded_wrapp
 DROP VIEW @extschema@.alkblobs_pools;
 DROP VIEW @extschema@.alkblobs_pool_grants;
 DROP VIEW @extschema@.alkblobs_pins;
-ALTER TABLE alkblobs.pools ALTER COLUMN owner TYPE regrole;
-ALTER TABLE alkblobs.pool_grants ALTER COLUMN grantee TYPE regrole;
+ALTER TABLE alkblobs.pools ALTER COLUMN owner TYPE name USING pg_catalog.pg_get_userbyid(owner);
+ALTER TABLE alkblobs.pool_grants ALTER COLUMN grantee TYPE name USING pg_catalog.pg_get_userbyid(grantee);
 ALTER TABLE alkblobs.pins ALTER COLUMN role TYPE name USING pg_catalog.pg_get_userbyid(role);
 ALTER TABLE alkblobs.liveness ALTER COLUMN registered_by TYPE name USING pg_catalog.pg_get_userbyid(registered_by);
 ALTER TABLE alkblobs.uploads ALTER COLUMN role TYPE name USING pg_catalog.pg_get_userbyid(role);

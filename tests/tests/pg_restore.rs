@@ -223,11 +223,8 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .await
         .unwrap();
     drop(g);
-    o.batch_execute(&format!(
-        "SELECT alkblobs_revoke_pool('busy', '{gone}', 'write')"
-    ))
-    .await
-    .unwrap();
+    // (Its grant stays: a restore without the role must still load every
+    // other grant, and this one's row.)
     let upload_xact: String = s
         .query_one("SELECT max(xact)::text FROM alkblobs.uploads", &[])
         .await
@@ -302,7 +299,14 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert_eq!(grants, vec![(writer.clone(), "write".to_owned())]);
+    assert_eq!(
+        grants,
+        vec![
+            (gone.clone(), "write".to_owned()),
+            (writer.clone(), "write".to_owned())
+        ],
+        "one missing grantee costs no other grant"
+    );
     let pins: Vec<(String, String)> = d
         .query(
             "SELECT role, owner FROM alkblobs_pins WHERE pool = 'busy' ORDER BY 2",
@@ -343,6 +347,36 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .await
         .expect_err("an admin without a grant reads nothing");
     assert_eq!(sqlstate(&e), "42501", "{e}");
+    // A pool whose owner role does not exist (restored without it): the
+    // owner's name is nobody — refused, never an error — and the grantees
+    // keep their access.
+    d.batch_execute(&format!(
+        "UPDATE alkblobs.pools SET owner = 'r_no_such_{id}' WHERE name = 'busy'"
+    ))
+    .await
+    .unwrap();
+    let e = od
+        .query_one("SELECT count(*) FROM alkblobs_list('busy')", &[])
+        .await
+        .expect_err("the former owner's name no longer owns it");
+    assert_eq!(sqlstate(&e), "42501", "{e}");
+    wd.batch_execute("SELECT alkblobs_renew('busy', 'w')")
+        .await
+        .expect("a grantee writes to a pool whose owner is missing");
+    let v: Option<Vec<u8>> = wd
+        .query_one(
+            "SELECT alkblobs_get('busy', alkblobs_key('by writer'))",
+            &[],
+        )
+        .await
+        .expect("and reads")
+        .get(0);
+    assert_eq!(v.as_deref(), Some(&b"by writer"[..]));
+    d.batch_execute(&format!(
+        "UPDATE alkblobs.pools SET owner = '{owner}' WHERE name = 'busy'"
+    ))
+    .await
+    .unwrap();
 
     // The restored pool reports and sweeps at once: the abandoned upload
     // is reaped, the garbage goes, the pinned and the held entries stay,
