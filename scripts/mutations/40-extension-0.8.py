@@ -177,4 +177,11 @@ MUTATIONS = [
       replace="    IF false THEN\n",
       kind="ext",
       tests=[("pg_local_tier", "fence_its_snapshot_cannot_see")]),
+    M(id="s3-marker-touched-by-parts-only",
+      what="an upload marker is touched only as parts finish (parts slower than the grace let a sweep abort a live upload)",
+      file="client/src/backend/s3/upload.rs",
+      find="tokio::time::Instant::now() + touch_every,",
+      replace="tokio::time::Instant::now() + Duration::from_secs(86_400),",
+      kind="rust",
+      tests=[("s3_faults", "outlast")]),
 ]

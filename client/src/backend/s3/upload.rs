@@ -266,19 +266,39 @@ impl Inner {
                 }
             })
             .buffer_unordered(self.opts.upload_concurrency);
-        while let Some((i, p)) = parts.try_next().await? {
+        // A live writer's marker stays younger than the grace: touched on
+        // a clock, not only as parts finish (parts slower than the grace, on
+        // a slow link, would let a sweep abort a live upload).
+        let mut tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + touch_every, touch_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let next = tokio::select! {
+                next = parts.try_next() => next?,
+                _ = tick.tick() => {
+                    self.touch(path, &id, marker).await?;
+                    touched = Instant::now();
+                    continue;
+                }
+            };
+            let Some((i, p)) = next else { break };
             ids[i] = Some(p);
             if touched.elapsed() >= touch_every {
-                // A live writer's marker stays younger than the grace.
-                self.store
-                    .put(marker, marker_body(path, &id))
-                    .await
-                    .map_err(|e| self.err("touch an upload marker", e))?;
+                self.touch(path, &id, marker).await?;
                 touched = Instant::now();
             }
         }
         // Every part answered (an error returned above).
         Ok(ids.into_iter().flatten().collect())
+    }
+
+    /// Writes an upload's marker again: its age restarts.
+    async fn touch(&self, path: &Path, id: &str, marker: &Path) -> Result<()> {
+        self.store
+            .put(marker, marker_body(path, id))
+            .await
+            .map(drop)
+            .map_err(|e| self.err("touch an upload marker", e))
     }
 
     /// Aborts the uploads whose markers are older than the grace (their
