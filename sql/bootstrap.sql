@@ -82,6 +82,13 @@ CREATE TABLE alkblobs.pools (
     -- every table that references pools.) The same for
     -- pool_grants.grantee.
     owner         name NOT NULL,
+    -- The owner role's OID in this cluster, set from `owner` whenever the
+    -- row is written, a restore included (alkblobs.roles_by_name), NULL
+    -- while no role has that name. Access follows the OID once it is set:
+    -- a role created later under a dropped owner's name gains nothing, and
+    -- a renamed owner keeps its pools. While it is NULL (a restore without
+    -- the role), the name decides: restore the roles first.
+    owner_oid     oid,
     -- Largest large object an upload may write (offset + chunk length).
     max_object_bytes bigint NOT NULL DEFAULT 68719476736
                   CONSTRAINT max_object_positive CHECK (max_object_bytes > 0),
@@ -132,8 +139,10 @@ CREATE TABLE alkblobs.pools (
 -- read) or 'admin' (everything). See alkblobs.may().
 CREATE TABLE alkblobs.pool_grants (
     pool    integer NOT NULL REFERENCES alkblobs.pools (id) ON DELETE CASCADE,
-    -- A name (see pools.owner): one missing grantee costs only its rows.
+    -- A name (see pools.owner): one missing grantee costs only its rows;
+    -- and its OID here, as pools.owner_oid.
     grantee name NOT NULL,
+    grantee_oid oid,
     access  text NOT NULL CHECK (access IN ('read', 'write', 'sweep', 'admin')),
     PRIMARY KEY (pool, grantee, access)
 );

@@ -6,18 +6,19 @@
 -- the pool filter already let through, so it cannot see other pools' rows.
 CREATE VIEW @extschema@.alkblobs_pools WITH (security_barrier) AS
 SELECT p.name AS pool, p.delete_window, p.pin_ttl, p.large_tier, p.max_object_bytes,
-       p.owner::text AS owner, p.created_at, p.mode,
+       coalesce(o.rolname, p.owner)::text AS owner, p.created_at, p.mode,
        p.id AS pool_id, p.sweep_every, p.history_keep, p.warn_after, p.critical_after,
        p.large_location, p.collector, p.audit_every, p.last_audit,
        coalesce(p.audit_running, (SELECT alkblobs.audit_reason(array_agg(a.reason ORDER BY a.id))
                                     FROM alkblobs.audit_requests a WHERE a.pool = p.id)) AS audit_pending,
        p.tier_listing_due
-  FROM alkblobs.pools p
+  FROM alkblobs.pools p LEFT JOIN pg_catalog.pg_roles o ON o.oid = p.owner_oid
  WHERE alkblobs.may(p, 'read');
 
 CREATE VIEW @extschema@.alkblobs_pool_grants WITH (security_barrier) AS
-SELECT p.name AS pool, g.grantee::text AS grantee, g.access
+SELECT p.name AS pool, coalesce(r.rolname, g.grantee)::text AS grantee, g.access
   FROM alkblobs.pool_grants g JOIN alkblobs.pools p ON p.id = g.pool
+  LEFT JOIN pg_catalog.pg_roles r ON r.oid = g.grantee_oid
  WHERE alkblobs.may(p, 'read');
 
 CREATE VIEW @extschema@.alkblobs_pins WITH (security_barrier) AS

@@ -180,17 +180,17 @@ BEGIN
     -- (now text): map those to the role's name, so its pins renew again.
     -- (Such a dump is only right in the cluster it was taken in, where the
     -- OIDs are the same roles: docs/operations.md, "Dump and restore".)
-    UPDATE alkblobs.pins pn SET role = pg_catalog.pg_get_userbyid(pn.role::text::oid)
+    -- (alkblobs.role_of_digits: no cast of a name past the OID range,
+    -- which would make every use of the pool fail.)
+    UPDATE alkblobs.pins pn SET role = alkblobs.role_of_digits(pn.role)
      WHERE pn.pool = pl.id AND pn.role::text ~ '^[0-9]{1,10}$'
-       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = pn.role)
-       AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = pn.role::text::oid)
+       AND alkblobs.role_of_digits(pn.role) <> pn.role
        AND NOT EXISTS (SELECT 1 FROM alkblobs.pins y
                         WHERE y.pool = pn.pool AND y.key = pn.key AND y.owner = pn.owner
-                          AND y.role = pg_catalog.pg_get_userbyid(pn.role::text::oid));
-    UPDATE alkblobs.liveness lv SET registered_by = pg_catalog.pg_get_userbyid(lv.registered_by::text::oid)
+                          AND y.role = alkblobs.role_of_digits(pn.role));
+    UPDATE alkblobs.liveness lv SET registered_by = alkblobs.role_of_digits(lv.registered_by)
      WHERE lv.pool = pl.id AND lv.registered_by::text ~ '^[0-9]{1,10}$'
-       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = lv.registered_by)
-       AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = lv.registered_by::text::oid);
+       AND alkblobs.role_of_digits(lv.registered_by) <> lv.registered_by;
     UPDATE alkblobs.pins pn SET expires_at = clock_timestamp() + pl.pin_ttl
       FROM (SELECT x.ctid AS t FROM alkblobs.pins x
              WHERE x.pool = pl.id AND x.expires_at < clock_timestamp() + pl.pin_ttl
@@ -231,11 +231,11 @@ END $$;
 -- text (white space aside); `scripts/gen-upgrade.py --inline` rewrites the
 -- copies from it. (Superusers take the fallback; pg_hotpaths'
 -- inline_access_checks_follow_the_pool_grants checks that both agree.)
--- (Roles are held by name: one that does not exist, in a restore without
--- it, has nobody's access, and its name never reaches pg_has_role, which
--- raises for an unknown name.)
--- @source may(write): (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = p.owner AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')))
--- @source may(read): (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = p.owner AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')))
+-- (Roles are held by OID once one has the name, else by name: a name no
+-- role has is nobody's access, and never reaches pg_has_role, which raises
+-- for an unknown name. See pools.owner_oid.)
+-- @source may(write): (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE (o.oid = p.owner_oid OR (p.owner_oid IS NULL AND o.rolname = p.owner)) AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON (r.oid = g.grantee_oid OR (g.grantee_oid IS NULL AND r.rolname = g.grantee)) WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')))
+-- @source may(read): (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE (o.oid = p.owner_oid OR (p.owner_oid IS NULL AND o.rolname = p.owner)) AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON (r.oid = g.grantee_oid OR (g.grantee_oid IS NULL AND r.rolname = g.grantee)) WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')))
 
 -- Does the caller have `need` ('read', 'write', 'sweep' or 'admin') on pool
 -- p? Superusers and members of the pool's owner role have everything;
@@ -249,8 +249,10 @@ SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RETURN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.rolname = session_user AND r.rolsuper)
         OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
-                    WHERE r.rolname = p.owner AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))
-        OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee
+                    WHERE (r.oid = p.owner_oid OR (p.owner_oid IS NULL AND r.rolname = p.owner))
+                      AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))
+        OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g
+                     JOIN pg_catalog.pg_roles r ON (r.oid = g.grantee_oid OR (g.grantee_oid IS NULL AND r.rolname = g.grantee))
                     WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE')
                       AND (g.access = need OR g.access = 'admin' OR (need = 'read' AND g.access IN ('write', 'sweep'))));
 END $$;
@@ -295,8 +297,9 @@ CREATE OR REPLACE TRIGGER refuse_pool_delete BEFORE DELETE ON alkblobs.pools
 CREATE OR REPLACE TRIGGER refuse_pool_truncate BEFORE TRUNCATE ON alkblobs.pools
     FOR EACH STATEMENT EXECUTE FUNCTION alkblobs.refuse_pool_delete();
 
--- A pool's owner and its grantees as a dump taken before 0.8.0 names them:
--- by OID, as digits. Restored (such a dump is only right in the cluster it
+-- A pool's owner and its grantees: their OID here is taken from the name
+-- as the row is written (pools.owner_oid). And as a dump taken before
+-- 0.8.0 names them: by OID, as digits. Restored (such a dump is only right in the cluster it
 -- was taken in), each becomes the name of the role of that OID before the
 -- row is stored, so the first access check already finds it. A name of
 -- digits that is a role's name, or that no role's OID is, stays as it is.
@@ -312,16 +315,20 @@ CREATE FUNCTION alkblobs.roles_by_name() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- (A dumped OID column is this cluster's or another's: always taken
+    -- again from the name.)
     IF TG_TABLE_NAME = 'pools' THEN
         NEW.owner := alkblobs.role_of_digits(NEW.owner);
+        NEW.owner_oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = NEW.owner);
     ELSE
         NEW.grantee := alkblobs.role_of_digits(NEW.grantee);
+        NEW.grantee_oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = NEW.grantee);
     END IF;
     RETURN NEW;
 END $$;
-CREATE OR REPLACE TRIGGER owner_by_name BEFORE INSERT ON alkblobs.pools
+CREATE OR REPLACE TRIGGER owner_by_name BEFORE INSERT OR UPDATE OF owner, owner_oid ON alkblobs.pools
     FOR EACH ROW EXECUTE FUNCTION alkblobs.roles_by_name();
-CREATE OR REPLACE TRIGGER grantee_by_name BEFORE INSERT ON alkblobs.pool_grants
+CREATE OR REPLACE TRIGGER grantee_by_name BEFORE INSERT OR UPDATE OF grantee, grantee_oid ON alkblobs.pool_grants
     FOR EACH ROW EXECUTE FUNCTION alkblobs.roles_by_name();
 
 -- The executor's re-check and the validation of registered tables read

@@ -327,6 +327,9 @@ BEGIN
         RAISE EXCEPTION 'access must be ''read'', ''write'', ''sweep'' or ''admin'', got %', quote_literal($3)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = $2) THEN
+        RAISE EXCEPTION 'role % does not exist', $2::oid USING ERRCODE = 'undefined_object';
+    END IF;
     INSERT INTO alkblobs.pool_grants (pool, grantee, access)
     VALUES (pl.id, pg_catalog.pg_get_userbyid($2), $3) ON CONFLICT DO NOTHING;
 END $$;
@@ -340,6 +343,8 @@ DECLARE
 BEGIN
     PERFORM alkblobs.not_null($2, 'role');
     PERFORM alkblobs.not_null($3, 'access');
-    DELETE FROM alkblobs.pool_grants g WHERE g.pool = pl.id AND g.grantee = pg_catalog.pg_get_userbyid($2) AND g.access = $3;
+    DELETE FROM alkblobs.pool_grants g
+     WHERE g.pool = pl.id AND g.access = $3
+       AND (g.grantee_oid = $2 OR (g.grantee_oid IS NULL AND g.grantee = pg_catalog.pg_get_userbyid($2)));
     RETURN FOUND;
 END $$;

@@ -109,7 +109,7 @@ DECLARE
 BEGIN
     -- alkblobs.may's rules for 'write', inline (one source: 10-helpers.sql).
     SELECT * INTO pl FROM alkblobs.pools p WHERE p.name = $1
-       AND /* @may(write) */ (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = p.owner AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))) /* @end */;
+       AND /* @may(write) */ (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE (o.oid = p.owner_oid OR (p.owner_oid IS NULL AND o.rolname = p.owner)) AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON (r.oid = g.grantee_oid OR (g.grantee_oid IS NULL AND r.rolname = g.grantee)) WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))) /* @end */;
     IF NOT FOUND THEN
         pl := alkblobs.pool($1, 'write');  -- raises the unknown-pool or no-access error
     END IF;
@@ -454,7 +454,7 @@ DECLARE
 BEGIN
     -- alkblobs.may's rules for 'write', inline (one source: 10-helpers.sql).
     SELECT * INTO pl FROM alkblobs.pools p WHERE p.name = $1
-       AND /* @may(write) */ (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = p.owner AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))) /* @end */;
+       AND /* @may(write) */ (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE (o.oid = p.owner_oid OR (p.owner_oid IS NULL AND o.rolname = p.owner)) AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON (r.oid = g.grantee_oid OR (g.grantee_oid IS NULL AND r.rolname = g.grantee)) WHERE g.pool = p.id AND g.access IN ('write', 'admin') AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))) /* @end */;
     IF NOT FOUND THEN
         pl := alkblobs.pool($1, 'write');  -- raises the unknown-pool or no-access error
     END IF;

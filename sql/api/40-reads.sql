@@ -14,7 +14,7 @@ DECLARE
 BEGIN
     -- The hot path: access and value in one statement (alkblobs.may's
     -- rules for 'read', inline); anything else takes the checks that raise.
-    SELECT /* @may(read) */ (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = p.owner AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))) /* @end */,
+    SELECT /* @may(read) */ (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE (o.oid = p.owner_oid OR (p.owner_oid IS NULL AND o.rolname = p.owner)) AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON (r.oid = g.grantee_oid OR (g.grantee_oid IS NULL AND r.rolname = g.grantee)) WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))) /* @end */,
            (SELECT e.value FROM alkblobs.entries e WHERE e.pool = p.id AND e.key = $2 AND e.tier = 'kv')
       INTO ok, v
       FROM alkblobs.pools p WHERE p.name = $1;
@@ -37,7 +37,7 @@ DECLARE
 BEGIN
     -- alkblobs.may's rules for 'read', inline (one source: 10-helpers.sql).
     SELECT p.id INTO pid FROM alkblobs.pools p WHERE p.name = $1
-       AND /* @may(read) */ (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE o.rolname = p.owner AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON r.rolname = g.grantee WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))) /* @end */;
+       AND /* @may(read) */ (EXISTS (SELECT 1 FROM pg_catalog.pg_roles o WHERE (o.oid = p.owner_oid OR (p.owner_oid IS NULL AND o.rolname = p.owner)) AND pg_catalog.pg_has_role(session_user, o.oid, 'USAGE')) OR EXISTS (SELECT 1 FROM alkblobs.pool_grants g JOIN pg_catalog.pg_roles r ON (r.oid = g.grantee_oid OR (g.grantee_oid IS NULL AND r.rolname = g.grantee)) WHERE g.pool = p.id AND pg_catalog.pg_has_role(session_user, r.oid, 'USAGE'))) /* @end */;
     IF NOT FOUND THEN
         pid := (alkblobs.pool($1, 'read')).id;
     END IF;

@@ -70,11 +70,27 @@ STABLE PARALLEL SAFE LANGUAGE c AS 'MODULE_PATHNAME', 'scheduler_preloaded_wrapp
 DROP VIEW @extschema@.alkblobs_pools;
 DROP VIEW @extschema@.alkblobs_pool_grants;
 DROP VIEW @extschema@.alkblobs_pins;
-ALTER TABLE alkblobs.pools ALTER COLUMN owner TYPE name USING pg_catalog.pg_get_userbyid(owner);
-ALTER TABLE alkblobs.pool_grants ALTER COLUMN grantee TYPE name USING pg_catalog.pg_get_userbyid(grantee);
-ALTER TABLE alkblobs.pins ALTER COLUMN role TYPE name USING pg_catalog.pg_get_userbyid(role);
-ALTER TABLE alkblobs.liveness ALTER COLUMN registered_by TYPE name USING pg_catalog.pg_get_userbyid(registered_by);
-ALTER TABLE alkblobs.uploads ALTER COLUMN role TYPE name USING pg_catalog.pg_get_userbyid(role);
+-- The OID of a role that no longer exists becomes a name no role can take
+-- ('pg_' names are reserved): pg_get_userbyid's 'unknown (OID=n)' is a
+-- name anyone with CREATEROLE could create, and be the owner, grantee or
+-- pin holder the dropped role was.
+ALTER TABLE alkblobs.pools ADD COLUMN owner_oid oid;
+UPDATE alkblobs.pools p SET owner_oid = p.owner WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = p.owner);
+ALTER TABLE alkblobs.pool_grants ADD COLUMN grantee_oid oid;
+UPDATE alkblobs.pool_grants g SET grantee_oid = g.grantee WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = g.grantee);
+ALTER TABLE alkblobs.pools ALTER COLUMN owner TYPE name
+    USING CASE WHEN owner_oid IS NULL THEN ('pg_dropped_role_' || owner::text)::name ELSE pg_catalog.pg_get_userbyid(owner) END;
+ALTER TABLE alkblobs.pool_grants ALTER COLUMN grantee TYPE name
+    USING CASE WHEN grantee_oid IS NULL THEN ('pg_dropped_role_' || grantee::text)::name ELSE pg_catalog.pg_get_userbyid(grantee) END;
+ALTER TABLE alkblobs.pins ALTER COLUMN role TYPE name
+    USING CASE WHEN pg_catalog.pg_get_userbyid(role) = 'unknown (OID=' || role::text || ')'
+               THEN ('pg_dropped_role_' || role::text)::name ELSE pg_catalog.pg_get_userbyid(role) END;
+ALTER TABLE alkblobs.liveness ALTER COLUMN registered_by TYPE name
+    USING CASE WHEN pg_catalog.pg_get_userbyid(registered_by) = 'unknown (OID=' || registered_by::text || ')'
+               THEN ('pg_dropped_role_' || registered_by::text)::name ELSE pg_catalog.pg_get_userbyid(registered_by) END;
+ALTER TABLE alkblobs.uploads ALTER COLUMN role TYPE name
+    USING CASE WHEN pg_catalog.pg_get_userbyid(role) = 'unknown (OID=' || role::text || ')'
+               THEN ('pg_dropped_role_' || role::text)::name ELSE pg_catalog.pg_get_userbyid(role) END;
 
 -- A pool's first use after a server start or a restore gives its pins a
 -- fresh TTL and its marks a fresh window (alkblobs.adopt): the

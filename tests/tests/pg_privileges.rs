@@ -377,6 +377,71 @@ async fn pools_are_granted_per_role() {
     assert_eq!(v.as_deref(), Some(&b"app content"[..]));
 }
 
+/// Pools and grants name their roles (so a restore into another cluster
+/// maps them by name) but follow the role itself once it exists: a role
+/// created later under a dropped owner's or grantee's name gains nothing,
+/// and a renamed owner keeps its pool. A grant to a role that does not
+/// exist is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_reusing_a_dropped_roles_name_gains_nothing() {
+    let su = connect().await;
+    let owner = login_role(&su, "own_drop", "alkblobs_admin").await;
+    let reader = login_role(&su, "rd_drop", "alkblobs_reader").await;
+    let renamed = login_role(&su, "own_rename", "alkblobs_admin").await;
+    let od = connect_as(&owner).await;
+    let dropped_pool = pool(&od, "drop-pool", "0 seconds", "60 seconds").await;
+    put(&od, &dropped_pool, b"owned by a dropped role", "n").await;
+    grant_pool(&od, &dropped_pool, &reader, "read").await;
+    let rn = connect_as(&renamed).await;
+    let renamed_pool = pool(&rn, "rename-pool", "0 seconds", "60 seconds").await;
+    put(&rn, &renamed_pool, b"owned by a renamed role", "n").await;
+    drop((od, rn));
+    for r in [&owner, &reader] {
+        su.batch_execute(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{r}';
+             DROP OWNED BY {r}; DROP ROLE {r}; CREATE ROLE {r} LOGIN IN ROLE alkblobs_admin"
+        ))
+        .await
+        .unwrap();
+    }
+    for r in [&owner, &reader] {
+        let c = connect_as(r).await;
+        let e = c
+            .query_one(
+                "SELECT alkblobs_get($1, $2)",
+                &[&dropped_pool, &key(b"owned by a dropped role")],
+            )
+            .await
+            .expect_err("a new role under a dropped role's name reads its pool");
+        assert_eq!(sqlstate(&e), "42501", "{r}: {e}");
+    }
+    let new_name = format!("{renamed}_new");
+    su.batch_execute(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{renamed}';
+         ALTER ROLE {renamed} RENAME TO {new_name}"
+    ))
+    .await
+    .unwrap();
+    let rn = connect_as(&new_name).await;
+    let v: Option<Vec<u8>> = rn
+        .query_one(
+            "SELECT alkblobs_get($1, $2)",
+            &[&renamed_pool, &key(b"owned by a renamed role")],
+        )
+        .await
+        .expect("a renamed owner keeps its pool")
+        .get(0);
+    assert_eq!(v.as_deref(), Some(&b"owned by a renamed role"[..]));
+    let e = rn
+        .execute(
+            "SELECT alkblobs_grant_pool($1, 4000000000::oid::regrole, 'read')",
+            &[&renamed_pool],
+        )
+        .await
+        .expect_err("a grant to no role");
+    assert_eq!(sqlstate(&e), "42704", "{e}");
+}
+
 /// Up to 0.6.0 a pool's sweeper lock and a client's sweep lease were
 /// advisory locks ('alkb' and 'alkS', pool id), which any role that can
 /// connect can take: holding them made every sweep of the pool abort with
