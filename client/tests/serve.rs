@@ -1028,6 +1028,15 @@ fn ambiguous_requests_are_refused_with_reasons() {
     ));
     assert!(gzip.starts_with("HTTP/1.1 501"), "{gzip}");
     assert!(gzip.contains("unsupported_transfer_coding"), "{gzip}");
+    // Chunked twice: hyper decodes one layer, the body would be stored
+    // still chunk-encoded.
+    let twice = raw(&format!(
+        "POST /blobs HTTP/1.1\r\nHost: a\r\n{auth}Transfer-Encoding: chunked, chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    ));
+    assert!(
+        twice.starts_with("HTTP/1.1 501") || twice.starts_with("HTTP/1.1 400"),
+        "{twice}"
+    );
     let (c, b) = curl(&[
         "-X",
         "DELETE",

@@ -425,3 +425,97 @@ async fn a_lying_node_is_caught_at_the_right_offset() {
     };
     assert!(failed && n <= 2_000_000, "read {n} bytes of a claimed 2^62");
 }
+
+/// `Server::shutdown` lets requests in flight finish within its grace and
+/// then cuts off what is left, whatever phase it is in: an upload still
+/// trickling in (fast enough for the minimum rate) ends with the
+/// shutdown, not whenever its client stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cuts_off_what_outlasts_its_grace() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (server, _dir) = node().await;
+    let addr = server.addr();
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    c.write_all(b"POST /blobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n")
+        .await
+        .unwrap();
+    let trickle = tokio::spawn(async move {
+        // 64 KiB every 100 ms: far over the minimum rate, never done.
+        let chunk = vec![7u8; 64 << 10];
+        loop {
+            if c.write_all(&chunk).await.is_err() {
+                return c;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    server
+        .shutdown(std::time::Duration::from_secs(1))
+        .await
+        .unwrap();
+    // The connection is gone: the client's writes fail soon after.
+    let mut c = tokio::time::timeout(std::time::Duration::from_secs(10), trickle)
+        .await
+        .expect("the trickling upload was cut off at shutdown")
+        .unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), c.read_to_end(&mut rest)).await;
+}
+
+/// An upload is timed by how long the server waits on its client, not by
+/// the server's own pauses: a store that takes longer than the idle
+/// cut-off to start its write (a pool connection, a slow tier) does not
+/// turn a prompt client's upload into a 408, whether by the idle cut-off
+/// or by the minimum rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_own_pauses_are_not_the_clients() {
+    use alkblobs::conformance::fault::FaultBackend;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let large = std::sync::Arc::new(FaultBackend::new(std::sync::Arc::new(
+        LocalBackend::open(dir.path(), LocalOptions::default())
+            .await
+            .unwrap(),
+    )));
+    let store = Store::builder()
+        .kv(MemBackend::new())
+        .large(large.clone())
+        .threshold(1024)
+        .build()
+        .unwrap();
+    let server = alkblobs::serve::start(
+        store,
+        ServeOptions::new("127.0.0.1:0".parse().unwrap())
+            .idle_timeout(std::time::Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    large.delay_writes(std::time::Duration::from_secs(3));
+    // 600 KiB in pieces of 4 KiB every 5 ms: far over the minimum rate.
+    let body: Vec<u8> = (0..600u32 << 10).map(|i| (i % 251) as u8).collect();
+    let mut c = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    c.write_all(
+        format!(
+            "POST /blobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    for piece in body.chunks(4 << 10) {
+        c.write_all(piece).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut answer = Vec::new();
+    c.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    server
+        .shutdown(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+}

@@ -47,8 +47,9 @@ impl<E: Backend + ?Sized> FaultBackend<E> {
         self.shared.store(true, Ordering::SeqCst);
     }
 
-    /// Delays every later write (put, batch, streamed commit) by `d` before
-    /// it reaches the inner engine: a put stays in flight that long.
+    /// Delays every later write (put, batch, a streamed write's start and
+    /// its commit) by `d` before it reaches the inner engine: a put stays
+    /// in flight that long.
     pub fn delay_writes(&self, d: std::time::Duration) {
         self.write_delay_ms
             .store(d.as_millis() as u64, Ordering::SeqCst);
@@ -195,6 +196,7 @@ impl<E: Backend + ?Sized> Backend for FaultBackend<E> {
 #[deny(clippy::missing_trait_methods)]
 impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
     async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
+        self.write_delay().await;
         Ok(Box::new(FaultWrite {
             owner: self,
             inner: self.inner.begin_write().await?,

@@ -166,17 +166,22 @@ async fn refuse_ambiguous(req: Request, next: Next) -> Response {
         )
         .into_response();
     }
-    for te in req.headers().get_all(header::TRANSFER_ENCODING) {
-        let codings = te.to_str().unwrap_or("?");
-        if codings
-            .split(',')
-            .map(str::trim)
-            .any(|c| !c.eq_ignore_ascii_case("chunked"))
-        {
+    // Exactly `chunked`, once (empty list elements ignored, RFC 9110,
+    // 5.6.1): hyper decodes one chunked layer, so `chunked, chunked` would
+    // store the body still chunk-encoded.
+    let tes = req.headers().get_all(header::TRANSFER_ENCODING);
+    if tes.iter().next().is_some() {
+        let codings: Vec<String> = tes
+            .iter()
+            .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+            .map(|c| c.trim().to_ascii_lowercase())
+            .filter(|c| !c.is_empty())
+            .collect();
+        if codings != ["chunked"] {
             return ApiError::new(
                 StatusCode::NOT_IMPLEMENTED,
                 "unsupported_transfer_coding",
-                format!("transfer coding {codings:?} is not supported: send the body chunked or with a Content-Length"),
+                format!("transfer coding {:?} is not supported: send the body chunked (once) or with a Content-Length", codings.join(", ")),
             )
             .into_response();
         }
@@ -508,7 +513,8 @@ fn body_reader(
         inner: Box::pin(body.into_data_stream().map_err(std::io::Error::other)),
         idle,
         timer: Box::pin(tokio::time::sleep(idle)),
-        started: tokio::time::Instant::now(),
+        waiting_since: None,
+        waited: Duration::ZERO,
         min_rate,
         got: 0,
     }
@@ -528,12 +534,18 @@ fn body_reader(
 
 /// A stream that fails with `TimedOut` when its source sends nothing for
 /// `idle`, or less than `min_rate` bytes a second on average once it has
-/// run for `idle` (a trickle that would hold its request slot for ever).
+/// been waited on for `idle` (a trickle that would hold its request slot
+/// for ever). Only the time a read waits on the client counts: the
+/// server's own pauses between reads (a pool connection, a slow tier) are
+/// not the client's.
 struct IdleCut {
     inner: Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send>>,
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
-    started: tokio::time::Instant,
+    /// Since when the current read waits on the client.
+    waiting_since: Option<tokio::time::Instant>,
+    /// How long reads have waited on the client in all.
+    waited: Duration,
     min_rate: u64,
     got: u64,
 }
@@ -542,14 +554,17 @@ impl Stream for IdleCut {
     type Item = std::io::Result<Bytes>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let now = tokio::time::Instant::now();
         if let Poll::Ready(item) = self.inner.as_mut().poll_next(cx) {
-            let now = tokio::time::Instant::now();
-            let idle = self.idle;
-            self.timer.as_mut().reset(now + idle);
+            if let Some(since) = self.waiting_since.take() {
+                self.waited += now - since;
+            }
             if let Some(Ok(chunk)) = &item {
                 self.got += chunk.len() as u64;
-                let ran = now - self.started;
-                if ran > idle && (self.got as f64) < self.min_rate as f64 * ran.as_secs_f64() {
+                let waited = self.waited;
+                if waited > self.idle
+                    && (self.got as f64) < self.min_rate as f64 * waited.as_secs_f64()
+                {
                     return Poll::Ready(Some(Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!(
@@ -560,6 +575,11 @@ impl Stream for IdleCut {
                 }
             }
             return Poll::Ready(item);
+        }
+        if self.waiting_since.is_none() {
+            self.waiting_since = Some(now);
+            let idle = self.idle;
+            self.timer.as_mut().reset(now + idle);
         }
         match self.timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Some(Err(std::io::Error::new(

@@ -43,6 +43,7 @@ pub(super) async fn accept_loop(
     app: App,
     limits: Limits,
     stop: CancellationToken,
+    kill: CancellationToken,
     tracker: TaskTracker,
 ) -> std::io::Result<()> {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
@@ -56,9 +57,15 @@ pub(super) async fn accept_loop(
                 Ok(c) => c,
                 // Out of descriptors, or a connection reset before it was
                 // accepted: not the listener's end. Pause on the first.
+                // A connection reset before it was accepted is its own end;
+                // anything else (out of descriptors, of memory, of
+                // buffers) waits a moment rather than spin.
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    if e.raw_os_error() == Some(libc_emfile()) {
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                    ) {
+                        tracing::warn!(error = %e, "accept failed; retrying in 100 ms");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     continue;
@@ -67,20 +74,19 @@ pub(super) async fn accept_loop(
             () = stop.cancelled() => return Ok(()),
         };
         let _ = tcp.set_nodelay(true);
-        let (tls, app, stop) = (tls.clone(), app.clone(), stop.clone());
+        let (tls, app, stop, kill) = (tls.clone(), app.clone(), stop.clone(), kill.clone());
         tracker.spawn(async move {
             let _permit = permit;
-            if let Err(e) = connection(tcp, peer, tls, app, limits, stop).await {
-                tracing::debug!(%peer, error = %e, "connection ended");
+            // `kill`: the shutdown's grace is over, whatever phase this
+            // connection is in (a handshake, a request).
+            tokio::select! {
+                r = connection(tcp, peer, tls, app, limits, stop) => if let Err(e) = r {
+                    tracing::debug!(%peer, error = %e, "connection ended");
+                },
+                () = kill.cancelled() => tracing::debug!(%peer, "connection cut off at shutdown"),
             }
         });
     }
-}
-
-/// EMFILE, without a libc dependency for one constant (Linux and the BSDs
-/// agree on 24).
-fn libc_emfile() -> i32 {
-    24
 }
 
 async fn connection(

@@ -274,6 +274,7 @@ impl HeldPins {
 pub struct Server {
     addr: SocketAddr,
     stop: tokio_util::sync::CancellationToken,
+    kill: tokio_util::sync::CancellationToken,
     connections: tokio_util::task::TaskTracker,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -297,6 +298,8 @@ impl Server {
                 ?grace,
                 "requests still in flight after the shutdown grace: cut off"
             );
+            self.kill.cancel();
+            self.connections.wait().await;
         }
         match self.task.await {
             Ok(r) => r.map_err(|e| Error::engine("serve", e)),
@@ -342,6 +345,7 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
     // route and method its own.
     let app = tower::limit::ConcurrencyLimit::new(api::router(state), opts.max_concurrency);
     let stop = tokio_util::sync::CancellationToken::new();
+    let kill = tokio_util::sync::CancellationToken::new();
     let connections = tokio_util::task::TaskTracker::new();
     let limits = listen::Limits {
         idle: opts.idle_timeout,
@@ -353,11 +357,13 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
         app,
         limits,
         stop.clone(),
+        kill.clone(),
         connections.clone(),
     ));
     Ok(Server {
         addr,
         stop,
+        kill,
         connections,
         task,
     })
