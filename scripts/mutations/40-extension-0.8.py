@@ -189,8 +189,8 @@ MUTATIONS = [
     M(id="s3-marker-touched-by-parts-only",
       what="an upload marker is touched only as parts finish (parts slower than the grace let a sweep abort a live upload)",
       file="client/src/backend/s3/upload.rs",
-      find="tokio::time::Instant::now() + touch_every,",
-      replace="tokio::time::Instant::now() + Duration::from_secs(86_400),",
+      find="tokio::time::interval_at(tokio::time::Instant::now() + period, period);",
+      replace="tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(86_400), period);",
       kind="rust",
       tests=[("s3_faults", "outlast")]),
 ]

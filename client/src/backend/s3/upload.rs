@@ -269,8 +269,10 @@ impl Inner {
         // A live writer's marker stays younger than the grace: touched on
         // a clock, not only as parts finish (parts slower than the grace, on
         // a slow link, would let a sweep abort a live upload).
-        let mut tick =
-            tokio::time::interval_at(tokio::time::Instant::now() + touch_every, touch_every);
+        // (A zero grace, every marker stale at once, still ticks: an
+        // interval's period must not be zero.)
+        let period = touch_every.max(Duration::from_millis(100));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let next = tokio::select! {
