@@ -192,5 +192,5 @@ MUTATIONS = [
       find="tokio::time::interval_at(tokio::time::Instant::now() + period, period);",
       replace="tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(86_400), period);",
       kind="rust",
-      tests=[("s3_faults", "outlast")]),
+      tests=[("s3_engines", "outlast")]),
 ]

@@ -207,3 +207,97 @@ fn bad_coordinates_are_clear_errors_without_secrets() {
         }
     }
 }
+
+/// A TCP proxy to `target` that holds back, for `delay`, every chunk a
+/// client sends that starts or carries a multipart part's upload (its
+/// request line names `partNumber=`): a slow link for parts only, while
+/// every other request (a marker's touch, a sweep's listing) passes.
+fn slow_part_proxy(
+    target: std::net::SocketAddr,
+    delay: std::time::Duration,
+) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let Ok(server) = std::net::TcpStream::connect(target) else {
+                continue;
+            };
+            let (mut back_to, mut back_from) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut back_from, &mut back_to);
+                let _ = back_to.shutdown(std::net::Shutdown::Both);
+            });
+            std::thread::spawn(move || {
+                let (mut from, mut to) = (client, server);
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if buf[..n].windows(11).any(|w| w == b"partNumber=") {
+                        std::thread::sleep(delay);
+                    }
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    addr
+}
+
+/// A writer whose parts each take longer than the upload grace (a slow
+/// link) keeps its upload marker young on a clock, so the sweeps that run
+/// meanwhile (each aborting the uploads of markers older than the grace)
+/// leave its live upload alone and the put completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_upload_whose_parts_outlast_the_grace_is_not_aborted() {
+    let endpoint =
+        std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL (scripts/test.sh sets it)");
+    let target: std::net::SocketAddr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let proxy = slow_part_proxy(target, std::time::Duration::from_secs(3));
+    let loc = alkblobs_tests::s3::location("slow-parts");
+    let opts = alkblobs::backend::s3::S3Options::new(loc.clone())
+        .shared(true)
+        .part_size(5 << 20)
+        .upload_concurrency(1)
+        .upload_grace(std::time::Duration::from_secs(2))
+        .retry_timeout(std::time::Duration::from_secs(30));
+    let writer = S3Backend::open(opts.clone().endpoint(format!("http://{proxy}")))
+        .await
+        .unwrap();
+    let sweeper = S3Backend::open(opts).await.unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reclaims = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut aborted = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                aborted += sweeper.reclaim_abandoned().await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+            aborted
+        })
+    };
+    let v = alkblobs_tests::data(77, 11 << 20);
+    let key = alkblobs::Key::from_hash(blake3::hash(&v));
+    let mut w = writer.begin_write().await.unwrap();
+    w.write(v.clone().into()).await.unwrap();
+    let put = w.commit(&key, bytes::Bytes::new()).await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let aborted = reclaims.await.unwrap();
+    put.expect("the live upload completes");
+    assert_eq!(aborted, 0, "a sweep aborted a live upload");
+    assert_eq!(writer.get(&key).await.unwrap().unwrap(), v);
+}
