@@ -897,16 +897,24 @@ fn trickling_uploads_end_and_the_concurrency_limit_is_the_servers() {
                 let mut c = std::net::TcpStream::connect(&addr).unwrap();
                 c.write_all(b"POST /blobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
                     .unwrap();
-                // A byte every half second, for up to 30 s.
-                for _ in 0..60 {
-                    if stop.load(std::sync::atomic::Ordering::SeqCst) || c.write_all(b"x").is_err()
-                    {
+                // A byte every half second, for up to 60 s: only the
+                // minimum rate ends it (each byte beats the idle cut-off).
+                let mut cut = false;
+                for _ in 0..120 {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    if c.write_all(b"x").is_err() {
+                        cut = true;
                         break;
                     }
                     std::thread::sleep(Duration::from_millis(500));
                 }
                 let (got, _) = drain(&mut c, Duration::from_secs(5));
-                String::from_utf8_lossy(&got).into_owned()
+                let answer = String::from_utf8_lossy(&got).into_owned();
+                // Cut off while it was still trickling: its writes failed.
+                assert!(cut, "the trickle was never cut off: {answer}");
+                answer
             })
         })
         .collect();
