@@ -111,6 +111,37 @@ fn curl(args: &[&str]) -> (u16, Vec<u8>) {
     (code, out[..nl].to_vec())
 }
 
+/// A self-signed certificate for 127.0.0.1 in `d` (cert.pem, key.pem).
+fn self_signed_cert(d: &Path) {
+    let ok = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(d.join("key.pem"))
+        .arg("-out")
+        .arg(d.join("cert.pem"))
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
 fn json(body: &[u8]) -> serde_json::Value {
     serde_json::from_slice(body)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
@@ -598,34 +629,7 @@ fn tokens_grant_read_or_write_and_tls_serves_the_same() {
         "# who may do what\nreader-token-0123456789 read\nwriter-token-0123456789 write\n",
     )
     .unwrap();
-    // A self-signed certificate for 127.0.0.1.
-    let ok = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ])
-        .arg("-keyout")
-        .arg(d.join("key.pem"))
-        .arg("-out")
-        .arg(d.join("cert.pem"))
-        .output()
-        .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    self_signed_cert(d);
     let tokens = d.join("tokens").display().to_string();
     let (cert, key) = (
         d.join("cert.pem").display().to_string(),
@@ -824,27 +828,7 @@ fn silent_and_h2c_connections_are_cut_off_and_their_number_bounded() {
 
     // Over TLS: a client that connects and sends nothing, or a TLS
     // ClientHello and then nothing more, is cut off too.
-    let ok = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=127.0.0.1",
-        ])
-        .arg("-keyout")
-        .arg(d.join("key.pem"))
-        .arg("-out")
-        .arg(d.join("cert.pem"))
-        .output()
-        .unwrap();
-    assert!(ok.status.success());
+    self_signed_cert(d);
     let (cert, key) = (
         d.join("cert.pem").display().to_string(),
         d.join("key.pem").display().to_string(),
