@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A private, throwaway PostgreSQL 15 cluster for the tests.
+# A private, throwaway PostgreSQL cluster for the tests: PostgreSQL 15, or
+# ALKBLOBS_PG_MAJOR's (scripts/postgres.sh finds or builds it).
 #   scripts/pg-cluster.sh start   initdb (if needed) + start; prints the URL
 #   scripts/pg-cluster.sh stop    stop and delete it
 #   scripts/pg-cluster.sh url     print the connection URL
@@ -22,7 +23,12 @@ set -euo pipefail
 preload=${ALKBLOBS_PG_PRELOAD:-1}
 port=${ALKBLOBS_PG_PORT:-54329}
 base=${ALKBLOBS_PG_DIR:-/tmp/alkblobs-pg-$port}
-bindir=$(/usr/lib/postgresql/15/bin/pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)
+major=${ALKBLOBS_PG_MAJOR:-15}
+if pg_config=$("$(dirname "$0")/postgres.sh" pg-config "$major" 2>/dev/null); then
+    bindir=$("$pg_config" --bindir)
+else
+    bindir=/usr/lib/postgresql/$major/bin  # the server without its headers
+fi
 data="$base/data"
 sock="$base/sock"
 db=${ALKBLOBS_PG_DB:-alkblobs_test}

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Golden SQL tests (tests/regress/{sql,expected}) with Debian's pg_regress
-# against the running test cluster (scripts/pg-cluster.sh start). Prints an
+# Golden SQL tests (tests/regress/{sql,expected}) with pg_regress against
+# the running test cluster (scripts/pg-cluster.sh start), PostgreSQL 15's
+# or ALKBLOBS_PG_MAJOR's (its pg_regress and psql). Prints an
 # "N passed, N failed" line and exits non-zero on any failure.
 #   ALKBLOBS_REGRESS_ACCEPT=1 scripts/regress.sh   rewrites expected/ from the run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 port=${ALKBLOBS_PG_PORT:-54329}
-pg_regress=/usr/lib/postgresql/15/lib/pgxs/src/test/regress/pg_regress
-out=target/regress
+pg_config=$(scripts/postgres.sh pg-config "${ALKBLOBS_PG_MAJOR:-15}")
+pg_regress="$("$pg_config" --pkglibdir)/pgxs/src/test/regress/pg_regress"
+bindir=$("$pg_config" --bindir)
+psql() { "$bindir/psql" "$@"; }
+out=target/regress-${ALKBLOBS_PG_MAJOR:-15}
 rm -rf "$out" && mkdir -p "$out"
 tests=$(cd tests/regress/sql && ls *.sql | sed 's/\.sql$//' | sort)
 mkdir -p tests/regress/expected
@@ -16,7 +20,7 @@ psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 \
     -c "DROP DATABASE IF EXISTS alkblobs_regress" -c "CREATE DATABASE alkblobs_regress"
 psql -X -q -h 127.0.0.1 -p "$port" -U postgres -d alkblobs_regress -v ON_ERROR_STOP=1 -c "CREATE EXTENSION alkblobs"
 set +e
-"$pg_regress" --use-existing --host=127.0.0.1 --port="$port" --user=postgres \
+"$pg_regress" --use-existing --bindir="$bindir" --host=127.0.0.1 --port="$port" --user=postgres \
     --dbname=alkblobs_regress \
     --inputdir=tests/regress --outputdir="$out" $tests > "$out/summary.txt" 2>&1
 status=$?

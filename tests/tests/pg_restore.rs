@@ -19,7 +19,14 @@ use std::process::Command;
 use alkblobs_tests::pg::{key, sqlstate, url};
 use tokio_postgres::{Client, NoTls};
 
-const BIN: &str = "/usr/lib/postgresql/15/bin";
+/// A client program of the target cluster's major (`ALKBLOBS_PG_BIN`, its
+/// bin directory; Debian's PostgreSQL 15 unless set): a newer `pg_dump`
+/// dumps an older server, as the PostgreSQL docs say to move between majors.
+fn bin(program: &str) -> String {
+    let dir = std::env::var("ALKBLOBS_PG_BIN")
+        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
+    format!("{dir}/{program}")
+}
 
 fn other_url() -> String {
     std::env::var("ALKBLOBS_PG_URL_OTHER").unwrap_or_else(|_| {
@@ -64,7 +71,7 @@ struct Cleanup(Vec<(String, String)>);
 impl Drop for Cleanup {
     fn drop(&mut self) {
         for (u, sql) in &self.0 {
-            let _ = Command::new(format!("{BIN}/psql"))
+            let _ = Command::new(bin("psql"))
                 .args(["-X", "-q", u, "-c", sql])
                 .output();
         }
@@ -233,13 +240,13 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
 
     // Move it: roles first, then the database.
     let dump = tempfile::NamedTempFile::new().unwrap();
-    let roles = run(Command::new(format!("{BIN}/pg_dumpall"))
+    let roles = run(Command::new(bin("pg_dumpall"))
         .args(["-r", "--no-role-passwords", "-d"])
         .arg(url()));
     let roles_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(roles_file.path(), roles).unwrap();
     // (Roles the target already has fail to be created again: expected.)
-    Command::new(format!("{BIN}/psql"))
+    Command::new(bin("psql"))
         .args(["-X", "-q", "-d"])
         .arg(with_db(&other_url(), "postgres", "postgres"))
         .arg("-f")
@@ -251,13 +258,13 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
     dst.batch_execute(&format!("DROP ROLE IF EXISTS {gone}"))
         .await
         .unwrap();
-    run(Command::new(format!("{BIN}/pg_dump"))
+    run(Command::new(bin("pg_dump"))
         .args(["-Fc", "-f"])
         .arg(dump.path())
         .arg(with_db(&url(), &src_db, "postgres")));
     // The restore takes longer than the pin TTL (2 s) and the window (3 s).
     std::thread::sleep(std::time::Duration::from_millis(3500));
-    run(Command::new(format!("{BIN}/pg_restore"))
+    run(Command::new(bin("pg_restore"))
         .args(["--exit-on-error", "-d"])
         .arg(with_db(&other_url(), &dst_db, "postgres"))
         .arg(dump.path()));
@@ -607,11 +614,11 @@ async fn previous_release_dumps_in_both_formats_restore_into_this_one() {
     let big = fill(&url(), &src_db, &owner).await;
     let dir = tempfile::tempdir().unwrap();
     let (custom, plain) = (dir.path().join("p.dump"), dir.path().join("p.sql"));
-    run(Command::new(format!("{BIN}/pg_dump"))
+    run(Command::new(bin("pg_dump"))
         .args(["-Fc", "-f"])
         .arg(&custom)
         .arg(with_db(&url(), &src_db, "postgres")));
-    run(Command::new(format!("{BIN}/pg_dump"))
+    run(Command::new(bin("pg_dump"))
         .args(["-Fp", "-f"])
         .arg(&plain)
         .arg(with_db(&url(), &src_db, "postgres")));
@@ -622,12 +629,12 @@ async fn previous_release_dumps_in_both_formats_restore_into_this_one() {
         cleanup.push((url(), format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")));
         recreate_db(&admin, &db).await;
         if format == "custom" {
-            run(Command::new(format!("{BIN}/pg_restore"))
+            run(Command::new(bin("pg_restore"))
                 .args(["--exit-on-error", "-d"])
                 .arg(with_db(&url(), &db, "postgres"))
                 .arg(&custom));
         } else {
-            run(Command::new(format!("{BIN}/psql"))
+            run(Command::new(bin("psql"))
                 .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d"])
                 .arg(with_db(&url(), &db, "postgres"))
                 .arg("-f")
@@ -687,7 +694,7 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
         .unwrap()
         .to_owned();
     run(&mut as_pg(&[
-        &format!("{BIN}/pg_basebackup"),
+        &bin("pg_basebackup"),
         "-D",
         data.to_str().unwrap(),
         "-X",
@@ -699,7 +706,7 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
     impl Drop for StopCopy {
         fn drop(&mut self) {
             let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", &format!("{BIN}/pg_ctl"), "-D"])
+            c.args(["-u", "postgres", "--", &bin("pg_ctl"), "-D"])
                 .arg(self.0.join("data"))
                 .args(["-m", "immediate", "-w", "stop"]);
             let _ = c.output();
@@ -720,7 +727,7 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
     ));
     std::fs::write(&conf, text).unwrap();
     let started = as_pg(&[
-        &format!("{BIN}/pg_ctl"),
+        &bin("pg_ctl"),
         "-D",
         data.to_str().unwrap(),
         "-l",
