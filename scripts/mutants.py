@@ -32,7 +32,9 @@ undone afterwards, also on Ctrl-C) and rebuilds what it must:
 `tests` names test functions (the runner finds the file that defines each
 under tests/tests/ or client/tests/, and its package and features) or, for
 a case the conformance macros stamp into several modules, a pair
-(test target, filter); the target "lib" is the client's unit tests. A test run past `timeout` seconds (600 unless the
+(test target, filter); the target "lib" is the client's unit tests, and
+("isolation", spec) an isolation spec of tests/isolation/specs/
+(scripts/isolation.sh, on the preloading cluster). A test run past `timeout` seconds (600 unless the
 entry says) counts as failed: a hang is what removing a guard that keeps a
 wait bounded looks like. A mutation SURVIVES if all its tests pass with the
 guard removed; the runner exits 1 if any does, or if a mutation no longer
@@ -113,6 +115,11 @@ def runs(m, targets):
     """[(cargo test arguments, filters)] for a mutation's tests, one per target."""
     by_target = {}
     for t in m["tests"]:
+        if isinstance(t, tuple) and t[0] == "isolation":
+            if not (root / "tests" / "isolation" / "specs" / f"{t[1]}.spec").exists():
+                raise LookupError(f"no isolation spec {t[1]}")
+            by_target.setdefault(("isolation", "isolation"), []).append(t[1])
+            continue
         if isinstance(t, tuple):
             target, filt = t
             # ("lib", filter): the client's unit tests.
@@ -123,7 +130,8 @@ def runs(m, targets):
                 raise LookupError(f"test {t} is defined in {len(where)} test files")
             (package, target), filt = where[0], t
         by_target.setdefault((package, target), []).append(filt)
-    return [(package_args(p, t), filters) for (p, t), filters in by_target.items()]
+    return [(["isolation"] if p == "isolation" else package_args(p, t), filters)
+            for (p, t), filters in by_target.items()]
 
 
 def sh(cmd, env=None, timeout=None, quiet=False):
@@ -225,6 +233,17 @@ def run(m, targets, baseline=False):
         caught = []
         for args, filters in plan:
             env = {"ALKBLOBS_PG_URL": PG1, "ALKBLOBS_PG_URL_OTHER": PG2, **S3_ENV[m["s3"]], **m["env"], **extra}
+            if args == ["isolation"]:
+                # One spec at a time, so the report names those that failed.
+                for spec in filters:
+                    try:
+                        rc = sh(["scripts/isolation.sh", spec], env={"ALKBLOBS_PG_PORT": "54329"},
+                                timeout=m["timeout"], quiet=True)
+                    except subprocess.TimeoutExpired:
+                        rc = "timeout"
+                    if rc != 0:
+                        caught.append(f"isolation/{spec}{' (hung)' if rc == 'timeout' else ''}")
+                continue
             # A mutation that does not build proves nothing: build first.
             if sh(["cargo", "test", "--no-run"] + args, env=env, quiet=True) != 0:
                 print(f"  the mutated code does not build ({' '.join(args)}): update the entry")
