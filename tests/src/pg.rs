@@ -159,6 +159,17 @@ pub fn sql_keys(sql: &str) -> String {
 }
 
 /// The SQLSTATE of a failed statement.
+/// The server's major version (15, 17, 18): the one place the suites ask,
+/// for the few behaviours PostgreSQL itself changed between majors.
+pub async fn server_major(c: &Client) -> i32 {
+    let num: String = c
+        .query_one("SELECT current_setting('server_version_num')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    num.parse::<i32>().unwrap() / 10000
+}
+
 pub fn sqlstate(e: &tokio_postgres::Error) -> String {
     e.code()
         .map(|c| c.code().to_owned())

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use alkblobs_tests::pg::{
     connect, connect_as, exists, garbage, grant_pool, hex, key, login_role, pool, put, reference,
-    register, sql_keys, sqlstate, table_name, try_register, try_sweep, try_sweep_detailed,
+    register, server_major, sql_keys, sqlstate, table_name, try_register, try_sweep,
+    try_sweep_detailed,
 };
 use tokio_postgres::Client;
 
@@ -211,24 +212,31 @@ async fn a_registered_tables_owner_cannot_become_superuser() {
     .unwrap();
     // (VACUUM clears relhastriggers, which CREATE RULE "_RETURN" checks.)
     e.batch_execute(&format!("VACUUM {t2}")).await.unwrap();
-    e.batch_execute(&format!(
-        "CREATE RULE \"_RETURN\" AS ON SELECT TO {t2} DO INSTEAD SELECT {t2}_f() AS key;"
-    ))
-    .await
-    .unwrap();
-    let swept = try_sweep(&e, &pool).await;
-    assert!(
-        !is_superuser(&su, &evil).await,
-        "the sweep ran the view's function as a superuser"
-    );
-    assert_eq!(swept, Ok((0, Some("liveness_table_invalid".into()))));
-    let _ = e
-        .query("SELECT * FROM alkblobs_explain($1, $2)", &[&pool, &k])
+    let rule = e
+        .batch_execute(&format!(
+            "CREATE RULE \"_RETURN\" AS ON SELECT TO {t2} DO INSTEAD SELECT {t2}_f() AS key;"
+        ))
         .await;
-    assert!(
-        !is_superuser(&su, &evil).await,
-        "explain ran the view's function as a superuser"
-    );
+    if server_major(&su).await >= 16 {
+        // PostgreSQL 16 no longer turns a table into a view this way: on
+        // those majors the server itself closes this door.
+        assert_eq!(rule.map_err(|e| sqlstate(&e)), Err("42809".into()));
+    } else {
+        rule.unwrap();
+        let swept = try_sweep(&e, &pool).await;
+        assert!(
+            !is_superuser(&su, &evil).await,
+            "the sweep ran the view's function as a superuser"
+        );
+        assert_eq!(swept, Ok((0, Some("liveness_table_invalid".into()))));
+        let _ = e
+            .query("SELECT * FROM alkblobs_explain($1, $2)", &[&pool, &k])
+            .await;
+        assert!(
+            !is_superuser(&su, &evil).await,
+            "explain ran the view's function as a superuser"
+        );
+    }
     assert!(exists(&su, &pool, &k).await);
 
     // And no function of the extension runs as a superuser at all.

@@ -19,13 +19,25 @@ use std::process::Command;
 use alkblobs_tests::pg::{key, sqlstate, url};
 use tokio_postgres::{Client, NoTls};
 
-/// A client program of the target cluster's major (`ALKBLOBS_PG_BIN`, its
-/// bin directory; Debian's PostgreSQL 15 unless set): a newer `pg_dump`
-/// dumps an older server, as the PostgreSQL docs say to move between majors.
+/// A client program of the source cluster's major (`ALKBLOBS_PG_BIN`, its
+/// bin directory; Debian's PostgreSQL 15 unless set): the dump is taken
+/// with the source's own `pg_dump`. (pg_dump 17.11 and 18.6 dumping a
+/// PostgreSQL 15.20 server write its `pg_attver` attribute options, which
+/// 17 and 18 refuse: docs/operations.md, "Dump and restore".)
 fn bin(program: &str) -> String {
     let dir = std::env::var("ALKBLOBS_PG_BIN")
         .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".to_owned());
     format!("{dir}/{program}")
+}
+
+/// A client program of the target cluster's major (`ALKBLOBS_PG_BIN_OTHER`;
+/// the source's unless set): the restore runs with the target's
+/// `pg_restore` and `psql`, its base backup with its `pg_basebackup`.
+fn target_bin(program: &str) -> String {
+    match std::env::var("ALKBLOBS_PG_BIN_OTHER") {
+        Ok(dir) => format!("{dir}/{program}"),
+        Err(_) => bin(program),
+    }
 }
 
 fn other_url() -> String {
@@ -246,7 +258,7 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
     let roles_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(roles_file.path(), roles).unwrap();
     // (Roles the target already has fail to be created again: expected.)
-    Command::new(bin("psql"))
+    Command::new(target_bin("psql"))
         .args(["-X", "-q", "-d"])
         .arg(with_db(&other_url(), "postgres", "postgres"))
         .arg("-f")
@@ -264,7 +276,7 @@ async fn a_restore_into_another_cluster_keeps_owners_grants_pins_and_sweeps_at_o
         .arg(with_db(&url(), &src_db, "postgres")));
     // The restore takes longer than the pin TTL (2 s) and the window (3 s).
     std::thread::sleep(std::time::Duration::from_millis(3500));
-    run(Command::new(bin("pg_restore"))
+    run(Command::new(target_bin("pg_restore"))
         .args(["--exit-on-error", "-d"])
         .arg(with_db(&other_url(), &dst_db, "postgres"))
         .arg(dump.path()));
@@ -694,7 +706,7 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
         .unwrap()
         .to_owned();
     run(&mut as_pg(&[
-        &bin("pg_basebackup"),
+        &target_bin("pg_basebackup"),
         "-D",
         data.to_str().unwrap(),
         "-X",
@@ -706,7 +718,7 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
     impl Drop for StopCopy {
         fn drop(&mut self) {
             let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", &bin("pg_ctl"), "-D"])
+            c.args(["-u", "postgres", "--", &target_bin("pg_ctl"), "-D"])
                 .arg(self.0.join("data"))
                 .args(["-m", "immediate", "-w", "stop"]);
             let _ = c.output();
@@ -727,7 +739,7 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
     ));
     std::fs::write(&conf, text).unwrap();
     let started = as_pg(&[
-        &bin("pg_ctl"),
+        &target_bin("pg_ctl"),
         "-D",
         data.to_str().unwrap(),
         "-l",
