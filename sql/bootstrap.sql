@@ -11,6 +11,8 @@
 DO $$
 DECLARE
     r record;
+    members text;
+    who text;
 BEGIN
     SELECT * INTO r FROM pg_catalog.pg_roles WHERE rolname = 'alkblobs_owner';
     IF NOT FOUND THEN
@@ -20,10 +22,30 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'ALTER ROLE alkblobs_owner NOLOGIN NOSUPERUSER NOCREATEROLE NOREPLICATION NOBYPASSRLS, then retry.';
     END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles o ON o.oid = m.roleid OR o.oid = m.member
+    -- A member of nothing, and nobody may use its privileges. Since
+    -- PostgreSQL 16 a role created by a non-superuser with CREATEROLE (the
+    -- SQL-only install's) is granted back to its creator WITH ADMIN OPTION:
+    -- that membership may stay if it is ADMIN only (no INHERIT, no SET: it
+    -- lets the installer administer the role, as CREATEROLE did on 15, and
+    -- never act as it).
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles o ON o.oid = m.member
                 WHERE o.rolname = 'alkblobs_owner') THEN
-        RAISE EXCEPTION 'role alkblobs_owner must be a member of no role and have no members'
+        RAISE EXCEPTION 'role alkblobs_owner must be a member of no role'
             USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF pg_catalog.current_setting('server_version_num')::integer < 160000 THEN
+        members := 'SELECT r.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles r ON r.oid = m.member
+                     WHERE m.roleid = (SELECT o.oid FROM pg_catalog.pg_roles o WHERE o.rolname = ''alkblobs_owner'')';
+    ELSE
+        members := 'SELECT r.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles r ON r.oid = m.member
+                     WHERE m.roleid = (SELECT o.oid FROM pg_catalog.pg_roles o WHERE o.rolname = ''alkblobs_owner'')
+                       AND (m.inherit_option OR m.set_option)';
+    END IF;
+    EXECUTE 'SELECT pg_catalog.string_agg(x.rolname, '', '' ORDER BY x.rolname) FROM (' || members || ') x' INTO who;
+    IF who IS NOT NULL THEN
+        RAISE EXCEPTION 'role alkblobs_owner must have no members that can use its privileges: %', who
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'REVOKE alkblobs_owner FROM each of them (PostgreSQL 16 and later: a membership WITH ADMIN OPTION, INHERIT FALSE, SET FALSE may stay), then retry.';
     END IF;
 END $$;
 

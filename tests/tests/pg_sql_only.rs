@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use alkblobs::backend::postgres::{Flavour, PgPool};
 use alkblobs::store::fleet::{FleetLarge, FleetOptions};
 use alkblobs::{Error, Key, Store};
-use alkblobs_tests::pg::{connect, connect_as, key, login_role, pool, sqlstate, url};
+use alkblobs_tests::pg::{connect, connect_as, key, login_role, pool, server_major, sqlstate, url};
 use tokio_postgres::{Client, NoTls};
 
 fn script() -> String {
@@ -86,10 +86,19 @@ async fn the_install_is_sql_only_and_was_made_by_a_non_superuser() {
     assert_eq!(ext, 0, "no extension: the library flavour would have one");
     // The installer owns the schema the script created; it is no superuser
     // and no longer a member of alkblobs_owner.
+    // (Since PostgreSQL 16 it keeps the membership CREATE ROLE gave it,
+    // WITH ADMIN OPTION only: it may administer the role, never act as it.)
+    let can_act = if server_major(&c).await >= 16 {
+        "pg_has_role(r.oid, 'alkblobs_owner', 'USAGE') OR pg_has_role(r.oid, 'alkblobs_owner', 'SET')"
+    } else {
+        "pg_has_role(r.oid, 'alkblobs_owner', 'MEMBER')"
+    };
     let r = c
         .query_one(
-            "SELECT r.rolname::text, r.rolsuper, r.rolcreaterole, pg_has_role(r.oid, 'alkblobs_owner', 'MEMBER')
-               FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner WHERE n.nspname = 'alkblobs_registration'",
+            &format!(
+                "SELECT r.rolname::text, r.rolsuper, r.rolcreaterole, {can_act}
+                   FROM pg_namespace n JOIN pg_roles r ON r.oid = n.nspowner WHERE n.nspname = 'alkblobs_registration'"
+            ),
             &[],
         )
         .await
@@ -150,7 +159,41 @@ async fn fresh_db(c: &Client, what: &str) -> (String, String, String) {
     ] {
         c.batch_execute(&sql).await.unwrap();
     }
+    administer_alkblobs_roles(c, &installer).await;
     (db, installer, plain)
+}
+
+/// The roles `role` is a member of (with whether it may administer each).
+async fn memberships(c: &Client, role: &str) -> String {
+    c.query_one(
+        "SELECT coalesce(string_agg(m.roleid::regrole::text || ':' || m.admin_option, ',' \
+                  ORDER BY m.roleid::regrole::text), '') \
+           FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member WHERE r.rolname = $1",
+        &[&role],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// The alkblobs roles are the cluster's: since PostgreSQL 16 only a role
+/// with ADMIN OPTION on them may install into a further database (the
+/// first installer has it; a provider gives it to another admin role).
+/// What the install's hint says to do, as the test's superuser.
+async fn administer_alkblobs_roles(c: &Client, role: &str) {
+    if server_major(c).await < 16 {
+        return;
+    }
+    c.batch_execute(&format!(
+        "DO $$ DECLARE r text; BEGIN
+           FOR r IN SELECT rolname FROM pg_roles WHERE rolname IN
+                    ('alkblobs_owner', 'alkblobs_admin', 'alkblobs_writer', 'alkblobs_reader', 'alkblobs_sweeper') LOOP
+             EXECUTE format('GRANT %I TO {role} WITH ADMIN OPTION, INHERIT FALSE, SET FALSE', r);
+           END LOOP;
+         END $$"
+    ))
+    .await
+    .unwrap();
 }
 
 async fn drop_fresh(c: &Client, db: &str, installer: &str, plain: &str) {
@@ -180,6 +223,28 @@ fn stderr_of(out: &std::process::Output) -> String {
 async fn the_script_installs_as_a_createrole_role_and_refuses_twice() {
     let c = connect().await;
     let (db, installer, plain) = fresh_db(&c, "sqlonly").await;
+    if server_major(&c).await >= 16 {
+        // A CREATEROLE role that was not given ADMIN OPTION on the
+        // cluster's alkblobs roles: refused, naming them.
+        let outsider = format!("{plain}_noadmin");
+        c.batch_execute(&format!(
+            "CREATE ROLE {outsider} LOGIN CREATEROLE; GRANT CREATE ON DATABASE {db} TO {outsider}"
+        ))
+        .await
+        .unwrap();
+        let err = stderr_of(&psql_file(&url_as(&outsider, &db), &script()));
+        c.batch_execute(&format!(
+            "REVOKE CREATE ON DATABASE {db} FROM {outsider}; DROP ROLE {outsider}"
+        ))
+        .await
+        .unwrap();
+        assert!(
+            err.contains("has no ADMIN OPTION on them") && err.contains("alkblobs_owner"),
+            "{err}"
+        );
+    }
+    // What follows refuses `plain` for what it lacks besides that.
+    administer_alkblobs_roles(&c, &plain).await;
     // Without CREATEROLE: refused before anything is made.
     c.batch_execute(&format!("ALTER ROLE {plain} NOCREATEROLE"))
         .await
@@ -769,6 +834,17 @@ async fn a_dump_restored_by_the_installer_into_another_database_keeps_what_was_p
     a.execute("SELECT alkblobs_pin('p', $1, 'node')", &[&pinned])
         .await
         .unwrap();
+    // Since PostgreSQL 16 a CREATEROLE role may grant only the roles it
+    // has ADMIN OPTION on: on a managed server the admin role creates the
+    // application's roles and has it; here the superuser made `app`.
+    if server_major(&c).await >= 16 {
+        c.batch_execute(&format!(
+            "GRANT {app} TO {installer} WITH ADMIN OPTION, INHERIT FALSE, SET FALSE"
+        ))
+        .await
+        .unwrap();
+    }
+    let before = memberships(&c, &installer).await;
     let backup = std::env::temp_dir().join(format!("alkblobs-bk-{}", std::process::id()));
     let backup = backup.to_str().unwrap();
     let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/sql-only-backup.py");
@@ -782,16 +858,11 @@ async fn a_dump_restored_by_the_installer_into_another_database_keeps_what_was_p
         String::from_utf8_lossy(&ran.stderr)
     );
     // The installer holds no membership it did not have.
-    let members: i64 = c
-        .query_one(
-            "SELECT count(*) FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member \
-              WHERE r.rolname = $1",
-            &[&installer],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(members, 0, "the dump left the installer a member of a role");
+    assert_eq!(
+        memberships(&c, &installer).await,
+        before,
+        "the dump left the installer a member of a role"
+    );
     // Longer than the pin TTL: every pin has lapsed when the restore is used.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let ran = Command::new(tool)
