@@ -216,7 +216,7 @@ for major in $others; do
     step "PostgreSQL $major: the SQL-only install by a non-superuser, the SQL-only, race, fleet and privilege suites against it"
     managed_env=$(ALKBLOBS_PG_MAJOR=$major scripts/sql-only-cluster.sh start)
     env $managed_env cargo test -p alkblobs-tests --features pg --test pg_sql_only --test pg_races --test pg_fleet --test pg_privileges -- --skip pg_cron_sweeps_a_pool_scheduled_with_one_call
-    scripts/sql-only-cluster.sh stop
+    ALKBLOBS_PG_MAJOR=$major scripts/sql-only-cluster.sh stop
 done
 
 step "the engine and store conformance suites through a transaction-mode pgbouncer"

@@ -42,3 +42,17 @@ MUTATIONS = [
       kind="ext",
       tests=ALL),
 ]
+
+# The extension's own role check across majors (sql/bootstrap.sql): a role
+# that may act as alkblobs_owner makes CREATE EXTENSION refuse.
+MUTATIONS += [
+    M(id="owner-members-unchecked",
+      what="CREATE EXTENSION no longer refuses a member that can use alkblobs_owner's privileges (PostgreSQL 15's query)",
+      file="sql/bootstrap.sql",
+      find="                     WHERE m.roleid = (SELECT o.oid FROM pg_catalog.pg_roles o WHERE o.rolname = ''alkblobs_owner'')';\n    ELSE",
+      replace="                     WHERE m.roleid = (SELECT o.oid FROM pg_catalog.pg_roles o WHERE o.rolname = ''alkblobs_owner'') AND false';\n    ELSE",
+      kind="ext",
+      create_in=[PG1],
+      env={"ALKBLOBS_PG_URL": PG2},
+      tests=["create_extension_refuses_while_a_role_can_act_as_alkblobs_owner"]),
+]

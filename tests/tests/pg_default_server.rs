@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use alkblobs_tests::pg::{connect, key, url};
+use alkblobs_tests::pg::{connect, key, server_major, sqlstate, url};
 use tokio_postgres::Client;
 
 /// The URL of database `name` on the test server.
@@ -65,8 +65,14 @@ async fn assert_not_preloading(c: &Client) {
     );
 }
 
+/// The tests that create the extension in a fresh database, one at a
+/// time: one of them makes alkblobs_owner (a cluster-wide role) unfit for
+/// a while.
+static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_extension_works_on_a_server_that_does_not_preload_and_says_scheduling_is_off() {
+    let _one = CREATING.lock().await;
     let admin = connect().await;
     assert_not_preloading(&admin).await;
     let db = fresh_database(&admin, "create").await;
@@ -179,4 +185,64 @@ async fn create_extension_works_on_a_server_that_does_not_preload_and_says_sched
     assert_eq!(scheduled, 0);
     drop(c);
     drop(c2);
+}
+
+/// alkblobs_owner owns every table and definer function of the extension:
+/// `CREATE EXTENSION` refuses while a role may use its privileges (a
+/// member with INHERIT or SET), naming it; since PostgreSQL 16 a member
+/// WITH ADMIN OPTION only (what CREATE ROLE gives a non-superuser creator:
+/// the SQL-only installer) may administer it and never act as it, and the
+/// extension installs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_extension_refuses_while_a_role_can_act_as_alkblobs_owner() {
+    let _one = CREATING.lock().await;
+    let admin = connect().await;
+    let db = fresh_database(&admin, "ownermember").await;
+    let member = format!("alkblobs_owner_member_{}", std::process::id());
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {member}; CREATE ROLE {member};
+             DO $$ BEGIN
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'alkblobs_owner') THEN
+                 CREATE ROLE alkblobs_owner NOLOGIN;
+               END IF;
+             END $$;
+             GRANT alkblobs_owner TO {member};"
+        ))
+        .await
+        .unwrap();
+    let (c, _) = connect_collecting(&db.0).await;
+    let refused = c.batch_execute("CREATE EXTENSION alkblobs").await;
+    let major = server_major(&admin).await;
+    if major >= 16 {
+        admin
+            .batch_execute(&format!(
+                "REVOKE alkblobs_owner FROM {member};
+                 GRANT alkblobs_owner TO {member} WITH ADMIN OPTION, INHERIT FALSE, SET FALSE;"
+            ))
+            .await
+            .unwrap();
+    } else {
+        admin
+            .batch_execute(&format!("REVOKE alkblobs_owner FROM {member}"))
+            .await
+            .unwrap();
+    }
+    let installed = c.batch_execute("CREATE EXTENSION alkblobs").await;
+    admin
+        .batch_execute(&format!(
+            "REVOKE alkblobs_owner FROM {member}; DROP ROLE {member}"
+        ))
+        .await
+        .unwrap();
+    let e = refused.expect_err("CREATE EXTENSION with a member acting as alkblobs_owner");
+    assert_eq!(sqlstate(&e), "42501", "{e}");
+    let msg = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
+    assert!(msg.contains(&member), "the refusal names the member: {msg}");
+    installed.unwrap_or_else(|e| {
+        panic!("CREATE EXTENSION with an ADMIN-only member (PostgreSQL {major}) or none: {e}")
+    });
 }
