@@ -185,12 +185,12 @@ for major in $others; do
     psql -X -qAt "$major_url" -c "SELECT version()"
     ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PORT=$((54315 + major)) scripts/regress.sh
     ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PORT=$((54315 + major)) scripts/isolation.sh
-    # Every major: the races, the fleet, privileges, the review queue and
-    # verify. The newest (18) also runs every other suite of PostgreSQL
+    # Every major: the races, the fleet, privileges, the review queue,
+    # verify and the protocol suite (with the upgrade from 0.1.0). The newest (18) also runs every other suite of PostgreSQL
     # 15's list above; 17 sits between two majors that run them all.
-    suites="--test pg_races --test pg_fleet --test pg_privileges --test pg_review_queue --test pg_verify --test pg_peer_races"
+    suites="--test pg_races --test pg_fleet --test pg_privileges --test pg_review_queue --test pg_verify --test pg_peer_races --test pg_protocol"
     if [ "$major" = "${majors##* }" ]; then
-        suites="$suites --test pg_protocol --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_scheduler --test pg_monitoring"
+        suites="$suites --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_scheduler --test pg_monitoring"
     fi
     ALKBLOBS_PG_URL="$major_url" ALKBLOBS_PG_CA=$(major_pg ca) cargo test -p alkblobs-tests --features pg $suites
     major_pg stop
