@@ -158,7 +158,6 @@ pub fn sql_keys(sql: &str) -> String {
     out
 }
 
-/// The SQLSTATE of a failed statement.
 /// The server's major version (15, 17, 18): the one place the suites ask,
 /// for the few behaviours PostgreSQL itself changed between majors.
 pub async fn server_major(c: &Client) -> i32 {
@@ -170,6 +169,7 @@ pub async fn server_major(c: &Client) -> i32 {
     num.parse::<i32>().unwrap() / 10000
 }
 
+/// The SQLSTATE of a failed statement.
 pub fn sqlstate(e: &tokio_postgres::Error) -> String {
     e.code()
         .map(|c| c.code().to_owned())
