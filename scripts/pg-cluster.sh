@@ -24,11 +24,8 @@ preload=${ALKBLOBS_PG_PRELOAD:-1}
 port=${ALKBLOBS_PG_PORT:-54329}
 base=${ALKBLOBS_PG_DIR:-/tmp/alkblobs-pg-$port}
 major=${ALKBLOBS_PG_MAJOR:-15}
-if pg_config=$("$(dirname "$0")/postgres.sh" pg-config "$major" 2>/dev/null); then
-    bindir=$("$pg_config" --bindir)
-else
-    bindir=/usr/lib/postgresql/$major/bin  # the server without its headers
-fi
+bindir=$("$(dirname "$0")/postgres.sh" bindir "$major" 2>/dev/null) \
+    || bindir=/usr/lib/postgresql/$major/bin  # the server without its headers
 data="$base/data"
 sock="$base/sock"
 db=${ALKBLOBS_PG_DB:-alkblobs_test}

@@ -6,6 +6,8 @@
 #                                       prints its pg_config on stdout
 #   scripts/postgres.sh pg-config MAJOR prints MAJOR's pg_config, or fails
 #                                       naming the install command
+#   scripts/postgres.sh bindir MAJOR    prints the bin directory of that
+#                                       pg_config (psql, pg_dump, pg_ctl, …)
 #   scripts/postgres.sh majors          the majors the extension supports
 #
 # Where a major comes from, first found wins:
@@ -179,6 +181,11 @@ case "${1:-}" in
         [ $# -eq 2 ] || die "usage: $0 pg-config MAJOR"
         supported "$2"
         found "$2" || die "PostgreSQL $2 is not installed here: run scripts/postgres.sh install $2" ;;
+    bindir)
+        [ $# -eq 2 ] || die "usage: $0 bindir MAJOR"
+        supported "$2"
+        pg_config=$(found "$2") || die "PostgreSQL $2 is not installed here: run scripts/postgres.sh install $2"
+        "$pg_config" --bindir ;;
     majors) echo "$majors" ;;
-    *) die "usage: $0 install MAJOR | pg-config MAJOR | majors" ;;
+    *) die "usage: $0 install MAJOR | pg-config MAJOR | bindir MAJOR | majors" ;;
 esac

@@ -43,7 +43,7 @@ SQL
     echo "ALKBLOBS_PG_FLAVOUR=sql-only"
     echo "ALKBLOBS_SQL_ONLY_SCRIPT=$sql_only"
     # The client programs of the cluster's major (scripts/sql-only-backup.py).
-    echo "ALKBLOBS_PG_BIN=$("$(scripts/postgres.sh pg-config "$major")" --bindir)"
+    echo "ALKBLOBS_PG_BIN=$(scripts/postgres.sh bindir "$major")"
     ;;
 stop)
     cron_pg stop

@@ -218,7 +218,7 @@ for major in $others; do
     major_other stop >/dev/null 2>&1 || true
     major_other_url=$(major_other start)
     ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_URL_OTHER="$major_other_url" \
-        ALKBLOBS_PG_BIN_OTHER="$("$(scripts/postgres.sh pg-config "$major")" --bindir)" \
+        ALKBLOBS_PG_BIN_OTHER="$(scripts/postgres.sh bindir "$major")" \
         cargo test -p alkblobs-tests --features pg --test pg_restore
     ALKBLOBS_PG_URL="$major_other_url" ALKBLOBS_PG_CA=$(major_other ca) cargo test -p alkblobs-tests --features pg --test pg_default_server --test pg_engines
     major_other stop

@@ -33,13 +33,11 @@ BEGIN
         RAISE EXCEPTION 'role alkblobs_owner must be a member of no role'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    IF pg_catalog.current_setting('server_version_num')::integer < 160000 THEN
-        members := 'SELECT r.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles r ON r.oid = m.member
-                     WHERE m.roleid = (SELECT o.oid FROM pg_catalog.pg_roles o WHERE o.rolname = ''alkblobs_owner'')';
-    ELSE
-        members := 'SELECT r.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles r ON r.oid = m.member
-                     WHERE m.roleid = (SELECT o.oid FROM pg_catalog.pg_roles o WHERE o.rolname = ''alkblobs_owner'')
-                       AND (m.inherit_option OR m.set_option)';
+    members := 'SELECT r.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles r ON r.oid = m.member
+                 WHERE m.roleid = (SELECT o.oid FROM pg_catalog.pg_roles o WHERE o.rolname = ''alkblobs_owner'')';
+    -- (Dynamic: PostgreSQL 15 has no inherit_option or set_option.)
+    IF pg_catalog.current_setting('server_version_num')::integer >= 160000 THEN
+        members := members || ' AND (m.inherit_option OR m.set_option)';
     END IF;
     EXECUTE 'SELECT pg_catalog.string_agg(x.rolname, '', '' ORDER BY x.rolname) FROM (' || members || ') x' INTO who;
     IF who IS NOT NULL THEN
