@@ -61,6 +61,14 @@ def main() -> int:
         "-- resolve in pg_catalog first (a schema of someone's before it could\n"
         "-- otherwise hand it an operator or function of theirs).\n"
         "SET LOCAL search_path = pg_catalog, public, pg_temp;\n",
+        "-- PostgreSQL 16+: the roles this script creates are granted back to the\n"
+        "-- installer WITH ADMIN OPTION only, whatever createrole_self_grant says\n"
+        "-- (with SET or INHERIT the owner check below would refuse them).\n"
+        "DO $$\nBEGIN\n"
+        "    IF pg_catalog.current_setting('server_version_num')::integer >= 160000 THEN\n"
+        "        PERFORM pg_catalog.set_config('createrole_self_grant', '', true);\n"
+        "    END IF;\n"
+        "END $$;\n",
         "DO $$\nBEGIN\n"
         "    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'alkblobs') THEN\n"
         "        RAISE EXCEPTION 'this database has the alkblobs extension: it needs no SQL-only install'\n"

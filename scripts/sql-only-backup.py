@@ -105,7 +105,7 @@ def dump(src, out):
     print(out + ".dump")
 
 
-def loadable_roles(text, me, existing):
+def loadable_roles(text, me, existing, held=frozenset(), administered=frozenset()):
     """The roles file as a non-superuser may run it: no statement about a
     role that exists (its attributes there stay), the installer or a
     superuser; no superuser-only attribute."""
@@ -129,11 +129,14 @@ def loadable_roles(text, me, existing):
             g = re.match(r"^GRANT (\"?[^\" ;]+\"?) TO (\"?[^\" ;]+\"?)", line)
             if g:
                 role, member = g.group(1).strip('"'), g.group(2).strip('"')
-                # The installer's own memberships, and those between roles
-                # the target has already, are the target's (since
-                # PostgreSQL 16 an ADMIN OPTION cannot be granted back to
-                # its grantor, nor a role granted without ADMIN on it).
-                if member == me or (role in existing and member in existing):
+                # The installer's own memberships are the target's, as are
+                # those it holds already; since PostgreSQL 16 an existing
+                # role is granted only by a role with ADMIN OPTION on it.
+                # Any other is kept: an application role's membership in
+                # alkblobs_writer is what its access rests on.
+                if member == me or (role, member) in held or (
+                        role in existing and role not in administered):
+                    print(f"restore: left out (the target's own): {line}", file=sys.stderr)
                     continue
             line = re.sub(r" GRANTED BY \"?[^\" ;]+\"?", "", line)
         keep.append(line)
@@ -143,7 +146,13 @@ def loadable_roles(text, me, existing):
 def restore(out, dst):
     me = psql(dst, "SELECT current_user").strip()
     existing = set(psql(dst, "SELECT rolname FROM pg_catalog.pg_roles").split())
-    roles = loadable_roles(open(out + ".roles.sql").read(), me, existing)
+    held = {tuple(l.split("|")) for l in psql(dst,
+            "SELECT r.rolname, m.rolname FROM pg_catalog.pg_auth_members a"
+            " JOIN pg_catalog.pg_roles r ON r.oid = a.roleid JOIN pg_catalog.pg_roles m ON m.oid = a.member").split()}
+    administered = set(psql(dst,
+            "SELECT rolname FROM pg_catalog.pg_roles"
+            " WHERE pg_catalog.pg_has_role(current_user, oid, 'MEMBER WITH ADMIN OPTION')").split())
+    roles = loadable_roles(open(out + ".roles.sql").read(), me, existing, held, administered)
     # A membership granted twice only warns; a role made twice is skipped above.
     run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dst], input=roles)
     meta = json.load(open(out + ".owners"))

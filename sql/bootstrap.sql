@@ -25,9 +25,11 @@ BEGIN
     -- A member of nothing, and nobody may use its privileges. Since
     -- PostgreSQL 16 a role created by a non-superuser with CREATEROLE (the
     -- SQL-only install's) is granted back to its creator WITH ADMIN OPTION:
-    -- that membership may stay if it is ADMIN only (no INHERIT, no SET: it
-    -- lets the installer administer the role, as CREATEROLE did on 15, and
-    -- never act as it).
+    -- that membership may stay if it is ADMIN only (no INHERIT, no SET
+    -- now). An ADMIN holder can still grant itself SET later, as every
+    -- CREATEROLE role could on 15: it is trusted as the installer is
+    -- (docs/operations.md, "The SQL-only flavour"). This check runs at
+    -- install only.
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles o ON o.oid = m.member
                 WHERE o.rolname = 'alkblobs_owner') THEN
         RAISE EXCEPTION 'role alkblobs_owner must be a member of no role'
