@@ -45,7 +45,7 @@ BEGIN
     IF who IS NOT NULL THEN
         RAISE EXCEPTION 'role alkblobs_owner must have no members that can use its privileges: %', who
             USING ERRCODE = 'insufficient_privilege',
-                  HINT = 'REVOKE alkblobs_owner FROM each of them (PostgreSQL 16 and later: a membership WITH ADMIN OPTION, INHERIT FALSE, SET FALSE may stay), then retry.';
+                  HINT = 'REVOKE alkblobs_owner FROM each of them (PostgreSQL 16 and later: a membership WITH ADMIN OPTION, INHERIT FALSE, SET FALSE may stay), then retry; a running sql-only-backup.py dump or restore holds such a membership until it ends, so wait for it.';
     END IF;
 END $$;
 

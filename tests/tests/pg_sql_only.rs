@@ -54,7 +54,16 @@ async fn connect_to(u: &str) -> Client {
 /// cluster made the second fail with "role alkblobs_owner must be a member
 /// of no role" once in a CI run (PostgreSQL 15; not reproduced in two runs
 /// since). Tests that install run in parallel threads of this binary.
+/// The backup tool's dump and restore make the installer such a member for
+/// their run too (a 17 CI run failed an install that way), so they take it.
 static INSTALLS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `scripts/sql-only-backup.py` with `args`, under `INSTALLS`.
+fn backup_tool(args: &[&str]) -> std::process::Output {
+    let _one = INSTALLS.lock().unwrap_or_else(|p| p.into_inner());
+    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/sql-only-backup.py");
+    Command::new(tool).args(args).output().unwrap()
+}
 
 fn psql_file(u: &str, file: &str) -> std::process::Output {
     let _one = INSTALLS.lock().unwrap_or_else(|p| p.into_inner());
@@ -847,11 +856,7 @@ async fn a_dump_restored_by_the_installer_into_another_database_keeps_what_was_p
     let before = memberships(&c, &installer).await;
     let backup = std::env::temp_dir().join(format!("alkblobs-bk-{}", std::process::id()));
     let backup = backup.to_str().unwrap();
-    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/sql-only-backup.py");
-    let ran = Command::new(tool)
-        .args(["dump", &url_as(&installer, &src), backup])
-        .output()
-        .unwrap();
+    let ran = backup_tool(&["dump", &url_as(&installer, &src), backup]);
     assert!(
         ran.status.success(),
         "dump: {}",
@@ -865,10 +870,7 @@ async fn a_dump_restored_by_the_installer_into_another_database_keeps_what_was_p
     );
     // Longer than the pin TTL: every pin has lapsed when the restore is used.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let ran = Command::new(tool)
-        .args(["restore", backup, &url_as(&installer, &dst)])
-        .output()
-        .unwrap();
+    let ran = backup_tool(&["restore", backup, &url_as(&installer, &dst)]);
     assert!(
         ran.status.success(),
         "restore: {}",
