@@ -37,7 +37,7 @@ use alkblobs::backend::s3::S3Options;
 use alkblobs::backend::{Backend, BackendExt, LargeBackend, OpenMode};
 use alkblobs::{Error, Key};
 use alkblobs_tests::proc::Helper;
-use alkblobs_tests::s3::{bucket, location};
+use alkblobs_tests::s3::{Slow, bucket, location, s3_server_addr, slow_proxy};
 
 const HELPER: &str = env!("CARGO_BIN_EXE_alkblobs-test-helper");
 
@@ -208,49 +208,59 @@ fn bad_coordinates_are_clear_errors_without_secrets() {
     }
 }
 
-/// A TCP proxy to `target` that holds back, for `delay`, every chunk a
-/// client sends that starts or carries a multipart part's upload (its
-/// request line names `partNumber=`): a slow link for parts only, while
-/// every other request (a marker's touch, a sweep's listing) passes.
-fn slow_part_proxy(
-    target: std::net::SocketAddr,
-    delay: std::time::Duration,
-) -> std::net::SocketAddr {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { continue };
-            let Ok(server) = std::net::TcpStream::connect(target) else {
-                continue;
-            };
-            let (mut back_to, mut back_from) =
-                (client.try_clone().unwrap(), server.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut back_from, &mut back_to);
-                let _ = back_to.shutdown(std::net::Shutdown::Both);
-            });
-            std::thread::spawn(move || {
-                let (mut from, mut to) = (client, server);
-                let mut buf = vec![0u8; 64 << 10];
-                loop {
-                    let n = match from.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    if buf[..n].windows(11).any(|w| w == b"partNumber=") {
-                        std::thread::sleep(delay);
-                    }
-                    if to.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = to.shutdown(std::net::Shutdown::Write);
-            });
+/// A process closing its store reads the prefix's lease (its own) and
+/// then deletes it. If the read is answered late — after the lease lapsed
+/// and another process took it over — the delete must not follow: it
+/// would delete the new holder's lease, and a third process could then
+/// write the prefix beside it (two in-process arbiters, each deleting the
+/// other's puts). The release gives up two TTLs after its last renewal,
+/// before any takeover is possible, and leaves the lease to lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_release_answered_late_never_deletes_the_next_holders_lease() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    let (hold, held) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let proxy = slow_proxy(
+        s3_server_addr(),
+        Slow::Answers(b"alkblobs.lock", hold.clone(), held.clone()),
+    );
+    let loc = location("late-release");
+    let ttl = Duration::from_secs(3);
+    let opts = S3Options::new(loc).lease_ttl(ttl);
+    let a = S3Backend::open(opts.clone().endpoint(format!("http://{proxy}")))
+        .await
+        .unwrap();
+    hold.store(true, SeqCst);
+    let closing = tokio::spawn(async move { a.close().await });
+    // Another process takes the lease once A's last renewal is three TTLs
+    // old (A's renewals stopped at its close).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let b = loop {
+        match S3Backend::open(opts.clone()).await {
+            Ok(b) => break b,
+            Err(Error::InUse { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await
+            }
+            Err(e) => panic!("open after A's lease lapsed: {e}"),
         }
-    });
-    addr
+    };
+    assert!(
+        held.load(SeqCst) >= 1,
+        "A's release never read the lease through the proxy: the test tests nothing"
+    );
+    // A's read is answered now, with the lease as it was when A asked.
+    hold.store(false, SeqCst);
+    closing.await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    match S3Backend::open(opts.clone()).await {
+        Err(Error::InUse { .. }) => {}
+        Ok(_) => panic!("A's late release deleted B's lease: a third process opened the prefix"),
+        Err(e) => panic!("open beside B: {e}"),
+    }
+    b.close().await.unwrap();
 }
 
 /// A writer whose parts each take longer than the upload grace (a slow
@@ -259,14 +269,10 @@ fn slow_part_proxy(
 /// leave its live upload alone and the put completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_upload_whose_parts_outlast_the_grace_is_not_aborted() {
-    let endpoint =
-        std::env::var("AWS_ENDPOINT_URL").expect("AWS_ENDPOINT_URL (scripts/test.sh sets it)");
-    let target: std::net::SocketAddr = endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .unwrap();
-    let proxy = slow_part_proxy(target, std::time::Duration::from_secs(3));
+    let proxy = slow_proxy(
+        s3_server_addr(),
+        Slow::Sends(b"partNumber=", Duration::from_secs(3)),
+    );
     let loc = alkblobs_tests::s3::location("slow-parts");
     let opts = alkblobs::backend::s3::S3Options::new(loc.clone())
         .shared(true)

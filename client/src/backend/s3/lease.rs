@@ -302,13 +302,38 @@ impl Lease {
     }
 
     /// Stops renewing and deletes the lease if it is still ours.
+    ///
+    /// The read and the delete are two requests: a process that read the
+    /// lease as its own and then stalled (a slow answer, a paused process)
+    /// would delete the lease of whoever took it over meanwhile, and a
+    /// third process could then write beside that one. A takeover needs
+    /// this process's last renewal three TTLs old by the service's clock
+    /// (stamped after `confirmed`, which is when the renewal was sent), so
+    /// the release runs only until two TTLs after it: what is not done by
+    /// then is dropped and the lease left to lapse (three TTLs), as after
+    /// a crash. The TTL left over covers a request already on its way.
     pub(super) async fn release(self, inner: &Arc<Inner>) {
         self.renewal.abort();
+        let since = self
+            .confirmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed();
         let path = inner.opts.location.lease();
-        if let Ok(g) = inner.store.get(&path).await
-            && owner_of(&g.bytes().await.unwrap_or_default()).0 == self.owner
-        {
-            let _ = inner.store.delete(&path).await;
+        let Some(budget) = (self.ttl * 2).checked_sub(since) else {
+            tracing::warn!(engine = %inner.display, ?since, "the prefix's lease was last renewed too long ago to release safely; it lapses instead");
+            return;
+        };
+        let released = tokio::time::timeout(budget, async {
+            if let Ok(g) = inner.store.get(&path).await
+                && owner_of(&g.bytes().await.unwrap_or_default()).0 == self.owner
+            {
+                let _ = inner.store.delete(&path).await;
+            }
+        })
+        .await;
+        if released.is_err() {
+            tracing::warn!(engine = %inner.display, ?budget, "the prefix's lease could not be released in time; it lapses instead");
         }
     }
 
