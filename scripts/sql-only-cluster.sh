@@ -19,7 +19,9 @@ cd "$(dirname "$0")/.."
 # (scripts/test.sh; docs/operations.md, "PostgreSQL majors").
 major=${ALKBLOBS_PG_MAJOR:-15}
 if [ "$major" = 15 ]; then cron=cron; else cron=0; fi
-cron_pg() { ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PRELOAD=$cron ALKBLOBS_PG_PORT=54331 scripts/pg-cluster.sh "$@"; }
+# ALKBLOBS_SQL_ONLY_PORT moves it off 54331 (a second one beside a test run).
+port=${ALKBLOBS_SQL_ONLY_PORT:-54331}
+cron_pg() { ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PRELOAD=$cron ALKBLOBS_PG_PORT=$port scripts/pg-cluster.sh "$@"; }
 case "${1:-}" in
 start)
     cron_pg stop >/dev/null 2>&1 || true

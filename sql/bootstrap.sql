@@ -370,10 +370,11 @@ CREATE TABLE alkblobs.files (
 -- claimer may still send the delete it was about to send, at any time, for
 -- the objects of the generations it was handed; so a key recorded afresh
 -- gets `generation` (one past every generation a tombstone handed out
--- again carried), an object name no such late delete can name. (After a
--- claim whose claimer finished, the key may take the same generation
--- again: nobody is left to send a late delete.) Rows stay: a stopped process can
--- resume at any time. (0.8.0; docs/design.md, "The shared tier over S3".)
+-- again carried), an object name no such late delete can name. On an s3
+-- tier a claimer that finished fences its keys too: an attempt of a delete
+-- its HTTP client retried may still land after it (alkblobs_local_deleted).
+-- Rows stay: a stopped process can resume at any time. (0.8.0;
+-- docs/design.md, "The shared tier over S3".)
 CREATE TABLE alkblobs.file_fences (
     pool        integer NOT NULL REFERENCES alkblobs.pools (id),
     key         bytea NOT NULL CONSTRAINT key_is_32_bytes CHECK (length(key) = 32),

@@ -99,17 +99,18 @@ MUTATIONS = [
       replace='"",',
       kind="sqlonly",
       tests=[("pg_sql_only", "whatever_the_installers_search_path")]),
-    # The stalled claimer (issue 23; docs/design.md, "The shared tier over
-    # S3"): a claim handing a tombstone out again fences the key, a key
-    # recorded afresh takes the fence's generation, the s3 engine names the
-    # object by it, and a claimer deletes no later generation.
-    M(id="fence-rehand",
-      what="a claim hands a tombstone out again without fencing its key (a re-put names the object a stopped claimer deletes)",
+    # The stalled claimer (issue 23) and the retried delete (issue 37;
+    # docs/design.md, "The shared tier over S3"): a claimer finishing on an
+    # s3 tier fences its keys, a key recorded afresh takes the fence's
+    # generation, the s3 engine names the object by it, and a claimer
+    # deletes no later generation.
+    M(id="fence-finished",
+      what="a claimer's finished delete leaves the key unfenced (a re-put names the object a stopped claimer or a late attempt of the delete removes)",
       file="sql/api/80-local-tier.sql",
-      find="            SELECT pl.id, t.key, t.generation + 1 FROM t ORDER BY t.key",
-      replace="            SELECT pl.id, t.key, t.generation + 1 FROM t WHERE false ORDER BY t.key",
+      find="        SELECT pl.id, d.key, d.generation + 1 FROM d WHERE pl.large_tier = 's3' ORDER BY d.key",
+      replace="        SELECT pl.id, d.key, d.generation + 1 FROM d WHERE false ORDER BY d.key",
       kind="ext",
-      tests=[("pg_s3", "stalled_claimer")]),
+      tests=[("pg_s3", "stalled_claimer"), ("pg_s3", "landing_after_its_retry")]),
     M(id="pin-new-generation",
       what="alkblobs_pin_new records a fenced key at generation 0",
       file="sql/api/30-puts-and-pins.sql",
@@ -119,14 +120,14 @@ MUTATIONS = [
       replace=["    VALUES (pl.id, $2, 0)",
                "        IF false THEN\n            UPDATE alkblobs.files f SET generation = fence"],
       kind="ext",
-      tests=[("pg_s3", "stalled_claimer")]),
+      tests=[("pg_s3", "stalled_claimer"), ("pg_s3", "landing_after_its_retry")]),
     M(id="s3-generation-name",
       what="the s3 engine publishes under the key's own name whatever generation the database handed out",
       file="client/src/backend/s3/upload.rs",
       find="            .blob_generation(key, self.generation(key));",
       replace="            .blob_generation(key, 0);",
       kind="rust",
-      tests=[("pg_s3", "stalled_claimer")]),
+      tests=[("pg_s3", "stalled_claimer"), ("pg_s3", "landing_after_its_retry")]),
     M(id="s3-delete-through",
       what="a claimer deletes every generation of its key, not only those up to its tombstone's",
       file="client/src/backend/s3/mod.rs",
@@ -134,6 +135,13 @@ MUTATIONS = [
       replace=["        if true {\n            for (g, path, size)", "                if false {\n                    later_kept = true;"],
       kind="rust",
       tests=[("pg_s3", "stalled_claimer")]),
+    M(id="lease-release-unbounded",
+      what="a store's close deletes the prefix's lease however late its read of it was answered (another process's lease, taken over meanwhile, deleted)",
+      file="client/src/backend/s3/lease.rs",
+      find="        let released = tokio::time::timeout(budget, async {",
+      replace="        let released = tokio::time::timeout(budget * 1000, async {",
+      kind="rust",
+      tests=[("s3_engines", "answered_late")]),
     M(id="s3-owner",
       what="a writable open takes any prefix, whoever's it is recorded to be (another store's sweep collects what the owner holds)",
       file="client/src/backend/s3/owner.rs",

@@ -150,19 +150,15 @@ BEGIN
     -- (it died, or is still at it: unlinking twice is harmless, and nobody
     -- can record these keys meanwhile): handed out again, first. Their
     -- first claimer may only be stopped, and send its delete whenever it
-    -- resumes: the key's fence moves one past the generation handed out,
+    -- resumes: on an s3 tier the claimer that finishes moves the key's
+    -- fence one past the generation handed out (alkblobs_local_deleted),
     -- so the key, recorded afresh, names an object that delete cannot.
     RETURN QUERY
-        WITH t AS (
-            SELECT f.key, f.generation FROM alkblobs.files f
+        SELECT t.key FROM (
+            SELECT f.key FROM alkblobs.files f
              WHERE f.pool = pl.id AND f.deleting_since IS NOT NULL
-             ORDER BY f.key LIMIT $2 FOR UPDATE SKIP LOCKED),
-        fenced AS (
-            INSERT INTO alkblobs.file_fences AS ff (pool, key, generation)
-            SELECT pl.id, t.key, t.generation + 1 FROM t ORDER BY t.key
-            ON CONFLICT ON CONSTRAINT file_fences_pkey DO UPDATE
-               SET generation = greatest(ff.generation, excluded.generation), fenced_at = clock_timestamp())
-        SELECT t.key FROM t ORDER BY t.key;
+             ORDER BY f.key LIMIT $2 FOR UPDATE SKIP LOCKED) t
+         ORDER BY t.key;
     IF batch IS NULL THEN
         RETURN;
     END IF;
@@ -236,7 +232,13 @@ END $$;
 
 -- Removes the tombstones of files the caller unlinked (see above); at most
 -- 10,000 keys. Returns how many it removed. Until then the keys cannot be
--- recorded afresh (alkblobs_pin_new: 55006).
+-- recorded afresh (alkblobs_pin_new: 55006). On an s3 tier each key's
+-- fence moves one past the generation its tombstone carried, and the key
+-- recorded afresh names an object no earlier delete can: not the one of
+-- a claimer that was handed this tombstone before and is only stopped,
+-- nor an attempt of this caller's delete its HTTP client counted as
+-- failed and retried (a proxy answered 502 while its upstream ran it, or
+-- replays it later) (0.8.0).
 CREATE FUNCTION @extschema@.alkblobs_local_deleted(pool text, keys bytea[])
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER
@@ -248,8 +250,15 @@ BEGIN
     PERFORM alkblobs.require_mode(pl, 'fleet', 'alkblobs_local_deleted');
     PERFORM alkblobs.not_null($2, 'keys');
     PERFORM alkblobs.max_keys($2, 10000);
-    DELETE FROM alkblobs.files f
-     WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NOT NULL;
-    GET DIAGNOSTICS n = ROW_COUNT;
+    WITH d AS (
+        DELETE FROM alkblobs.files f
+         WHERE f.pool = pl.id AND f.key = ANY($2) AND f.deleting_since IS NOT NULL
+        RETURNING f.key, f.generation),
+    fenced AS (
+        INSERT INTO alkblobs.file_fences AS ff (pool, key, generation)
+        SELECT pl.id, d.key, d.generation + 1 FROM d WHERE pl.large_tier = 's3' ORDER BY d.key
+        ON CONFLICT ON CONSTRAINT file_fences_pkey DO UPDATE
+           SET generation = greatest(ff.generation, excluded.generation), fenced_at = clock_timestamp())
+    SELECT count(*) INTO n FROM d;
     RETURN n;
 END $$;

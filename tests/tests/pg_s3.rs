@@ -332,10 +332,10 @@ fn stopped(pid: u32) -> bool {
 /// die. Another instance's sweep hands the tombstone out again and deletes
 /// the object, and a writer re-puts the key and keeps its pin. Then the
 /// stopped claimer resumes and sends its delete. The re-put object must
-/// survive: the re-hand fenced the key, and its new record names a later
-/// generation (`<key>.g1`), which the late delete cannot name. Fails when
-/// the re-hand leaves no fence (the re-put is generation 0 again, the very
-/// object the late delete removes).
+/// survive: the claimer that finished fenced the key, and its new record
+/// names a later generation (`<key>.g1`), which the late delete cannot
+/// name. Fails when the finished claim leaves no fence (the re-put is
+/// generation 0 again, the very object the late delete removes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_claimer_never_deletes_a_re_put_object() {
     use futures::TryStreamExt;
@@ -443,6 +443,89 @@ async fn a_stalled_claimer_never_deletes_a_re_put_object() {
             .unwrap()
             .is_empty()
     );
+}
+
+/// The retried delete (docs/design.md, "The shared tier over S3"): a
+/// sweep's `DeleteObject` is answered 503 by a proxy that keeps it, the
+/// HTTP client retries and the retry deletes, the claim finishes and the
+/// tombstone goes; a writer re-puts the key and holds it; then the first
+/// attempt reaches the service (as one a load balancer still ran, or
+/// replays). The re-put object must survive: the finished claim fenced
+/// the key, so its new record names `<key>.g1`, which the kept attempt
+/// does not name. Fails when a finished claim leaves no fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_attempt_landing_after_its_retry_never_deletes_a_re_put_object() {
+    use alkblobs_tests::s3::{Slow, replay, s3_server_addr, slow_proxy};
+    let c = connect().await;
+    let (pool, loc) = s3_pool("pgs3-retried", false).await;
+    let v = alkblobs_tests::data(78, 200_000);
+    let key = Key::of(&v);
+    let writer = fleet(&pool, &loc).await;
+    assert_eq!(writer.put(v.clone()).await.unwrap().key, key);
+    writer.close().await.unwrap(); // its pins go: the key is dead
+    drop(writer);
+
+    // The sweeper reaches the service through the proxy.
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let proxy = slow_proxy(
+        s3_server_addr(),
+        Slow::KeepFirstDelete(b"/blobs/", kept.clone()),
+    );
+    let sweeper = Store::open_fleet(
+        FleetOptions::new(
+            url(),
+            &pool,
+            FleetLarge::S3(s3(&loc).endpoint(format!("http://{proxy}"))),
+        )
+        .threshold(1024),
+    )
+    .await
+    .unwrap();
+    let r = sweeper.sweep(alkblobs::SweepOptions::new()).await.unwrap();
+    assert_eq!(r.deleted, 1, "the retry deleted the object: {r:?}");
+    let attempt = kept
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the proxy kept a first DELETE attempt: the test tests nothing");
+    assert!(!sweeper.has(&key).await.unwrap());
+
+    // A writer re-puts the key and holds it.
+    let other = fleet(&pool, &loc).await;
+    let held = other.put(v.clone()).await.unwrap();
+    assert_eq!(held.key, key);
+
+    // The first attempt lands now.
+    let status = replay(s3_server_addr(), &attempt);
+    assert!(
+        status.contains(" 200") || status.contains(" 204"),
+        "the kept delete ran: {status}"
+    );
+    assert_eq!(
+        other.get(&key).await.unwrap().map(|b| Key::of(&b)),
+        Some(key),
+        "the delete's first attempt deleted the re-put object"
+    );
+    let generation: i64 = c
+        .query_one(
+            "SELECT f.generation FROM alkblobs.files f JOIN alkblobs.pools p ON p.id = f.pool WHERE p.name = $1 AND f.key = $2",
+            &[&pool, &key.as_bytes().to_vec()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        generation, 1,
+        "the re-put's record names the fenced generation"
+    );
+    let fresh = fleet(&pool, &loc).await;
+    assert_eq!(
+        fresh.get(&key).await.unwrap().map(|b| Key::of(&b)),
+        Some(key)
+    );
+    drop(held);
+    other.close().await.unwrap();
+    sweeper.close().await.unwrap();
 }
 
 /// Fleet writers over an s3 pool SIGKILLed mid-put, three times (often
