@@ -21,6 +21,19 @@ async fn local_pool(c: &Client, tag: &str) -> String {
     p
 }
 
+/// A pool whose large tier is s3 as far as the database knows (only the
+/// SQL is exercised: nothing reaches the bucket).
+async fn s3_pool_sql(c: &Client, tag: &str) -> String {
+    let p = pool(c, tag, "0 seconds", "60 seconds").await;
+    c.execute(
+        "UPDATE alkblobs.pools SET large_tier = 's3', large_location = 's3://alkblobs-sql-only/' || name WHERE name = $1",
+        &[&p],
+    )
+    .await
+    .unwrap();
+    p
+}
+
 async fn claim_keys(c: &Client, pool: &str) -> Vec<Vec<u8>> {
     c.query("SELECT * FROM alkblobs_claim_local($1)", &[&pool])
         .await
@@ -508,8 +521,8 @@ async fn staged(c: &Client, pool: &str, k: &[u8]) -> i64 {
     .get(0)
 }
 
-/// A writer whose snapshot predates a key's fence (a claim handed the
-/// key's tombstone out again, then its record went) never records the key
+/// A writer whose snapshot predates a key's fence (on an s3 tier, a claim
+/// that finished deleting the key fenced it) never records the key
 /// at the fenced-off generation: at READ COMMITTED `alkblobs_pin_new` reads
 /// the fence as it is now and returns it; at REPEATABLE READ and
 /// SERIALIZABLE, where its snapshot cannot see the fence, it fails with
@@ -520,7 +533,7 @@ async fn staged(c: &Client, pool: &str, k: &[u8]) -> i64 {
 async fn pin_new_gets_a_fence_its_snapshot_cannot_see_at_every_isolation_level() {
     let c = connect().await;
     for level in ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"] {
-        let pool = local_pool(&c, "fence-iso").await;
+        let pool = s3_pool_sql(&c, "fence-iso").await;
         let k = key(format!("fenced at {level}").as_bytes());
         // The writer's transaction takes its snapshot first.
         let w = connect().await;
@@ -530,8 +543,8 @@ async fn pin_new_gets_a_fence_its_snapshot_cannot_see_at_every_isolation_level()
         w.query_one("SELECT count(*) FROM alkblobs.pools", &[])
             .await
             .unwrap();
-        // Meanwhile: published, released, claimed, handed out again (the
-        // fence), deleted.
+        // Meanwhile: published, released, claimed, handed out again (its
+        // first claimer looked dead), deleted (the fence).
         publish_file(&c, &pool, &k, "node-a").await;
         c.execute("SELECT alkblobs_unpin($1, $2, 'node-a')", &[&pool, &k])
             .await
