@@ -967,6 +967,121 @@ fn a_client_that_stops_reading_is_cut_off() {
     assert!(status.success() && !log.contains("panicked"), "{log}");
 }
 
+/// A client that reads a response, but slower than `--min-download-rate`,
+/// is cut off once the server has waited on it for the idle cut-off in
+/// all, though the server's writes make progress more often than that
+/// (the idle cut-off alone never ends it); one that reads faster than the
+/// minimum gets the whole blob.
+#[test]
+fn a_client_reading_slower_than_the_minimum_download_rate_is_cut_off() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    // 4 MiB/s at least, waits of 3 s at most.
+    let s = Served::start(
+        d,
+        &["--idle-timeout", "3s", "--min-download-rate", "4194304"],
+    );
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let big = blob(48 << 20, 4);
+    let f = d.join("big");
+    std::fs::write(&f, &big).unwrap();
+    let at = format!("{}/blobs/{}", s.url, b3(&big));
+    let (c, _) = curl(&[
+        "-X",
+        "PUT",
+        "--data-binary",
+        &format!("@{}", f.display()),
+        &at,
+    ]);
+    assert_eq!(c, 201);
+    // About 1 MiB/s (64 KiB every 60 ms): a quarter of the minimum. The
+    // socket buffers hold several MiB, so the cut shows once they are
+    // read; the whole blob would take 48 s.
+    let mut c = std::net::TcpStream::connect(&addr).unwrap();
+    c.write_all(format!("GET /blobs/{} HTTP/1.1\r\nHost: x\r\n\r\n", b3(&big)).as_bytes())
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let until = Instant::now() + Duration::from_secs(40);
+    let (mut got, mut closed) = (0usize, false);
+    let mut buf = vec![0u8; 64 << 10];
+    while Instant::now() < until {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                closed = true;
+                break;
+            }
+            Ok(n) => got += n,
+        }
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    assert!(
+        closed,
+        "a reader at a quarter of the minimum rate was not cut off in 40 s ({got} bytes read)"
+    );
+    assert!(got < big.len(), "the whole blob was sent");
+    // 12 MiB/s, three times the minimum: the whole blob.
+    let out = Command::new("curl")
+        .args(["-sS", "--limit-rate", "12M", "-o"])
+        .arg(d.join("back"))
+        .args(["-w", "%{http_code}", &at])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    assert!(
+        std::fs::read(d.join("back")).unwrap() == big,
+        "a reader above the minimum rate got less than the blob"
+    );
+    let (status, log) = s.stop();
+    assert!(status.success() && !log.contains("panicked"), "{log}");
+}
+
+/// One client address holds at most `--max-connections-per-client`
+/// connections: its further ones are closed as they come, so it cannot
+/// fill `--max-connections`, and another address is still served.
+#[test]
+fn one_client_address_cannot_hold_every_connection() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let s = Served::start(
+        d,
+        &[
+            "--idle-timeout",
+            "20s",
+            "--max-connections",
+            "4",
+            "--max-connections-per-client",
+            "2",
+        ],
+    );
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let _held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..3 {
+        let mut more = std::net::TcpStream::connect(&addr).unwrap();
+        let _ = more.write_all(b"GET /blobs HTTP/1.1\r\nHost: x\r\n\r\n");
+        let (got, closed) = drain(&mut more, Duration::from_secs(5));
+        assert!(
+            closed && got.is_empty(),
+            "connection {} of one address was served: {}",
+            i + 3,
+            String::from_utf8_lossy(&got)
+        );
+    }
+    // Another address (127.0.0.2, loopback too) is served beside them.
+    let (c, _) = curl(&[
+        "--interface",
+        "127.0.0.2",
+        "--max-time",
+        "5",
+        &format!("{}/blobs", s.url),
+    ]);
+    assert_eq!(c, 200, "another client was not served");
+    let (status, log) = s.stop();
+    assert!(status.success() && !log.contains("panicked"), "{log}");
+}
+
 /// What HTTP/1.1 leaves ambiguous is refused with a reason, and what it
 /// allows is accepted: a lower-case `bearer` scheme, a HEAD answered 304
 /// without a length of 0, two Host headers (400), a transfer coding other

@@ -5,18 +5,23 @@
 //!
 //! - at most `max_connections` open at once: past it the server stops
 //!   accepting until one closes (the kernel's backlog holds the rest);
+//!   at most `max_per_client` of them from one address: past it that
+//!   address's connections are closed as they are accepted;
 //! - a TLS handshake, and a request's headers (from the first byte the
 //!   server waits for, keep-alive included), must arrive within `idle`;
 //! - a request body must send a byte every `idle` (`api::body_reader`),
 //!   and keep up a minimum rate;
 //! - a response the client stops reading is cut off once its writes have
-//!   made no progress for `idle`.
+//!   made no progress for `idle`, and one it reads slower than
+//!   `min_download_rate` on average over the time the server waited on
+//!   it, once that reaches `idle`.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -30,6 +35,39 @@ use tokio_util::task::TaskTracker;
 pub(super) struct Limits {
     pub(super) idle: Duration,
     pub(super) max_connections: usize,
+    pub(super) max_per_client: usize,
+    pub(super) min_download_rate: u64,
+}
+
+/// Open connections by client address.
+#[derive(Default)]
+struct PerClient(std::sync::Mutex<HashMap<IpAddr, usize>>);
+
+/// One open connection of an address, counted until dropped.
+struct ClientSlot(Arc<PerClient>, IpAddr);
+
+impl PerClient {
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<ClientSlot> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot(self.clone(), ip))
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut m = self.0.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
 }
 
 /// The service every request goes to: the router behind one concurrency
@@ -47,6 +85,7 @@ pub(super) async fn accept_loop(
     tracker: TaskTracker,
 ) -> std::io::Result<()> {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let per_client = Arc::new(PerClient::default());
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
@@ -73,10 +112,17 @@ pub(super) async fn accept_loop(
             },
             () = stop.cancelled() => return Ok(()),
         };
+        // Closed at once (its server slot back) when its address has its
+        // share open already.
+        let Some(client_slot) = per_client.take(peer.ip(), limits.max_per_client.max(1)) else {
+            tracing::debug!(%peer, "connection refused: its address has the most connections a client may open");
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let (tls, app, stop, kill) = (tls.clone(), app.clone(), stop.clone(), kill.clone());
         tracker.spawn(async move {
             let _permit = permit;
+            let _client_slot = client_slot;
             // `kill`: the shutdown's grace is over, whatever phase this
             // connection is in (a handshake, a request).
             tokio::select! {
@@ -97,7 +143,7 @@ async fn connection(
     limits: Limits,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    let io = WriteStall::new(tcp, limits.idle);
+    let io = WriteStall::new(tcp, limits.idle, limits.min_download_rate);
     match tls {
         None => serve(io, peer, app, limits, stop).await,
         Some(acceptor) => {
@@ -145,34 +191,67 @@ where
 }
 
 /// A connection whose writes fail with `TimedOut` once they have made no
-/// progress for `idle`: a client that stops reading a response (or reads
-/// it a byte a minute) gives its connection back.
+/// progress for `idle` (a client that stops reading a response), or once
+/// the client has read slower than `min_rate` bytes a second on average
+/// over the time writes waited on it, when that reaches `idle` (a client
+/// reading a byte a minute). Only waits count: the server's own pauses (a
+/// slow store read) are not the client's.
 struct WriteStall<T> {
     inner: T,
     idle: Duration,
-    /// Running while writes are pending; reset by any progress.
-    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    min_rate: u64,
+    /// The wait in progress: since when, and when it is cut off.
+    stalled: Option<(Instant, Pin<Box<tokio::time::Sleep>>)>,
+    /// How long writes have waited on the client, in all.
+    waited: Duration,
+    /// Bytes written since the first wait (the socket's buffer was full
+    /// then: from there on, what is written is what the client read).
+    drained: Option<u64>,
 }
 
 impl<T> WriteStall<T> {
-    fn new(inner: T, idle: Duration) -> Self {
+    fn new(inner: T, idle: Duration, min_rate: u64) -> Self {
         WriteStall {
             inner,
             idle,
+            min_rate,
             stalled: None,
+            waited: Duration::ZERO,
+            drained: None,
         }
     }
 
-    /// After a pending write: time out if the stall has lasted `idle`.
+    /// How long the wait starting now may last: `idle` without progress,
+    /// and no longer than until the average over all waits falls below
+    /// the minimum rate (once the waits reach `idle`).
+    fn allowance(&self) -> Duration {
+        if self.min_rate == 0 {
+            return self.idle;
+        }
+        let drained = self.drained.unwrap_or(0);
+        // The waiting the bytes read so far pay for at the minimum rate.
+        let paid = Duration::from_secs_f64(drained as f64 / self.min_rate as f64);
+        self.idle
+            .min(paid.max(self.idle).saturating_sub(self.waited))
+    }
+
+    /// After a pending write: time out once the wait has used its allowance.
     fn pending<R>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<R>> {
+        if self.stalled.is_none() {
+            self.drained.get_or_insert(0);
+            let wait = self.allowance();
+            self.stalled = Some((Instant::now(), Box::pin(tokio::time::sleep(wait))));
+        }
         let idle = self.idle;
-        let timer = self
-            .stalled
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        let (since, timer) = self.stalled.as_mut().expect("set above");
         match timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                "the client read nothing for the idle cut-off",
+                if since.elapsed() >= idle {
+                    "the client read nothing for the idle cut-off"
+                } else {
+                    "the client read slower than the minimum download rate"
+                },
             ))),
             Poll::Pending => Poll::Pending,
         }
@@ -182,11 +261,17 @@ impl<T> WriteStall<T> {
         &mut self,
         r: Poll<std::io::Result<R>>,
         cx: &mut Context<'_>,
+        written: impl Fn(&R) -> usize,
     ) -> Poll<std::io::Result<R>> {
         match r {
             Poll::Pending => self.pending(cx),
             ready => {
-                self.stalled = None;
+                if let Some((since, _)) = self.stalled.take() {
+                    self.waited += since.elapsed();
+                }
+                if let (Some(d), Poll::Ready(Ok(v))) = (self.drained.as_mut(), &ready) {
+                    *d += written(v) as u64;
+                }
                 ready
             }
         }
@@ -212,7 +297,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.done(r, cx)
+        self.done(r, cx, |n| *n)
     }
 
     fn poll_write_vectored(
@@ -221,7 +306,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        self.done(r, cx)
+        self.done(r, cx, |n| *n)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -230,12 +315,12 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let r = Pin::new(&mut self.inner).poll_flush(cx);
-        self.done(r, cx)
+        self.done(r, cx, |()| 0)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let r = Pin::new(&mut self.inner).poll_shutdown(cx);
-        self.done(r, cx)
+        self.done(r, cx, |()| 0)
     }
 }
 

@@ -139,6 +139,17 @@ pub struct ServeOptions {
     /// descriptor limit, less what the store needs): past it the server
     /// accepts no more until one closes.
     pub max_connections: usize,
+    /// Connections open at once from one client address (default 64):
+    /// past it that address's further connections are closed as they
+    /// are accepted, so one client cannot fill `max_connections`. Behind a
+    /// reverse proxy every client has the proxy's address: raise it to
+    /// `max_connections` there.
+    pub max_connections_per_client: usize,
+    /// The slowest a client may read a response, on average over the time
+    /// the server waits on it once that reaches `idle_timeout` (default
+    /// 4 KiB/s, 0: none): a slower reader is cut off instead of holding
+    /// its connection, a request slot and the store's read for hours.
+    pub min_download_rate: u64,
     /// The slowest an upload may send its body, on average once it has
     /// run for `idle_timeout` (default 4 KiB/s): a body trickled slower
     /// ends with 408 instead of holding a request slot.
@@ -166,6 +177,8 @@ impl ServeOptions {
             max_body: 64 << 30,
             max_concurrency: 64,
             max_connections: 512,
+            max_connections_per_client: 64,
+            min_download_rate: 4096,
             min_upload_rate: 4096,
             pin_hold: Duration::from_secs(600),
             max_held_pins: 100_000,
@@ -204,6 +217,18 @@ impl ServeOptions {
     /// Connections open at once.
     pub fn max_connections(mut self, n: usize) -> Self {
         self.max_connections = n.max(1);
+        self
+    }
+
+    /// Connections open at once from one client address.
+    pub fn max_connections_per_client(mut self, n: usize) -> Self {
+        self.max_connections_per_client = n.max(1);
+        self
+    }
+
+    /// The slowest average download rate, in bytes a second (0: none).
+    pub fn min_download_rate(mut self, bytes_per_second: u64) -> Self {
+        self.min_download_rate = bytes_per_second;
         self
     }
 
@@ -350,6 +375,8 @@ pub async fn start(store: Store, opts: ServeOptions) -> Result<Server> {
     let limits = listen::Limits {
         idle: opts.idle_timeout,
         max_connections: opts.max_connections,
+        max_per_client: opts.max_connections_per_client,
+        min_download_rate: opts.min_download_rate,
     };
     let task = tokio::spawn(listen::accept_loop(
         listener,

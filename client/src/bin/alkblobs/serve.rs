@@ -34,6 +34,16 @@ pub struct ServeArgs {
     /// one closes (keep it under the descriptor limit, `ulimit -n`).
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
+    /// Connections open at once from one client address; further ones are
+    /// closed as they come (behind a reverse proxy, every client is the
+    /// proxy: set it to --max-connections there).
+    #[arg(long, default_value_t = 64)]
+    max_connections_per_client: usize,
+    /// The slowest average rate, in bytes a second, at which a client must
+    /// read a response once the server has waited on it for the idle
+    /// cut-off (0: none); a slower reader is cut off.
+    #[arg(long, default_value_t = 4096)]
+    min_download_rate: u64,
     /// The slowest average upload rate, in bytes a second, once an upload
     /// has run for the idle cut-off (0: none); a slower one ends with 408.
     #[arg(long, default_value_t = 4096)]
@@ -67,6 +77,8 @@ pub async fn serve(ctx: &Ctx, a: &ServeArgs) -> Res {
         .max_body(a.max_body)
         .max_concurrency(a.max_concurrency)
         .max_connections(a.max_connections)
+        .max_connections_per_client(a.max_connections_per_client)
+        .min_download_rate(a.min_download_rate)
         .min_upload_rate(a.min_upload_rate)
         .pin_hold(a.pin_hold)
         .max_held_pins(a.max_held_pins)
