@@ -36,14 +36,20 @@ if [ "$(cargo pgrx --version 2>/dev/null)" != "cargo-pgrx 0.18.1" ]; then
 fi
 
 # One `cargo pgrx init` naming every supported major present here, run only
-# when the config lacks one: rewriting ~/.pgrx/config.toml makes every
-# major's bindings regenerate on the next build.
+# when the config lacks one or names a pg_config that is gone (a major
+# removed or moved: pgrx's build reads every entry and fails on it):
+# rewriting ~/.pgrx/config.toml makes every major's bindings regenerate on
+# the next build.
+config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
 init=() missing=0
 for major in $(scripts/postgres.sh majors); do
     path=$(scripts/postgres.sh pg-config "$major" 2>/dev/null) || continue
     init+=("--pg$major" "$path")
-    grep -qs "pg$major = \"$path\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml" || missing=1
+    grep -qs "pg$major = \"$path\"" "$config" || missing=1
 done
+while read -r path; do
+    [ -x "$path" ] || { echo "$config names $path, which is gone: running cargo pgrx init again"; missing=1; }
+done < <(sed -n 's/^pg[0-9]* = "\(.*\)"$/\1/p' "$config" 2>/dev/null)
 if [ "$missing" = 1 ]; then
     cargo pgrx init "${init[@]}" >/dev/null
 fi
