@@ -7,31 +7,48 @@
 #       prints its path. `psql -v ON_ERROR_STOP=1 -f <it> DB` as a role with
 #       CREATEROLE is the whole install (docs/operations.md).
 #
-#   scripts/package.sh deb [--rev GIT-REV] [--out DIR]
-#       Builds the Debian package postgresql-15-alkblobs from the pgrx
-#       build (cargo pgrx package --release) and prints the path of the
-#       .deb it wrote (in target/packages/ unless --out). With --rev, the
+#   scripts/package.sh deb [--major N] [--rev GIT-REV] [--out DIR]
+#       Builds the Debian package postgresql-N-alkblobs (N is 15 unless
+#       --major; one of scripts/postgres.sh majors) from the pgrx build
+#       (cargo pgrx package --release) against that major's pg_config
+#       (scripts/postgres.sh pg-config N) and prints the path of the .deb
+#       it wrote (in target/packages/ unless --out). With --rev, the
 #       package of that commit (e.g. the previous release, for the upgrade
 #       test), built from a git worktree of it with the dev profile; the
 #       build shares this checkout's target directory (dependencies) but
 #       not its release library.
 #
-# Install with `apt install ./postgresql-15-alkblobs_<v>_<arch>.deb` (or
+# The package installs where that pg_config says the server looks
+# (--pkglibdir, --sharedir). Where the server is Debian's (its pg_config
+# belongs to a package: Debian 12's 15, or any major from the PostgreSQL
+# project's apt repository) the package depends on postgresql-N and has
+# Debian's paths; built against a server of ours from source
+# (/opt/postgresql-N) it installs into that server's directories and
+# depends on no PostgreSQL package, as nothing of dpkg's provides it.
+#
+# A commit from before a major was supported (--rev with N other than
+# 15: the releases before 0.8.0 were built for 15 only) is built for N by
+# adding the pgrx feature of N to its worktree's manifest: the release's
+# own code, compiled for a major it was not shipped for, which is what
+# the upgrade test on that major needs.
+#
+# Install with `apt install ./postgresql-N-alkblobs_<v>_<arch>.deb` (or
 # dpkg -i), then CREATE EXTENSION alkblobs; remove with `apt remove
-# postgresql-15-alkblobs`. Needs what scripts/install-extension.sh installs
-# (cargo-pgrx 0.18.1, PostgreSQL 15 headers); run that first on a fresh
-# machine.
+# postgresql-N-alkblobs`. Needs what scripts/install-extension.sh N
+# installs (cargo-pgrx 0.18.1, that major's headers); run that first on
+# a fresh machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-pg_config=/usr/lib/postgresql/15/bin/pg_config
 
 kind=${1:-}
 shift || true
 rev=""
+major=15
 out="$root/target/packages"
 while [ $# -gt 0 ]; do
     case "$1" in
+    --major) major=$2; shift 2 ;;
     --rev) rev=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -50,9 +67,11 @@ if [ "$kind" = sql-only ]; then
     exit 0
 fi
 if [ "$kind" != deb ]; then
-    echo "usage: $0 deb [--rev GIT-REV] [--out DIR] | $0 sql-only [--out DIR]" >&2
+    echo "usage: $0 deb [--major N] [--rev GIT-REV] [--out DIR] | $0 sql-only [--out DIR]" >&2
     exit 2
 fi
+pg_config=$(scripts/postgres.sh pg-config "$major")
+package="postgresql-$major-alkblobs"
 mkdir -p "$out"
 
 src=$root
@@ -64,11 +83,17 @@ if [ -n "$rev" ]; then
         git worktree prune
         git worktree add --detach "$src" "$commit" >&2
     fi
+    # A release from before this major was supported: its manifest gains
+    # the major's pgrx feature (as 0.8.0's has it), nothing else.
+    if ! grep -q "^pg$major = " "$src/pg_ext/Cargo.toml"; then
+        sed -i "s|^pg15 = \[\(.*\)\]\$|&\npg$major = [\"pgrx/pg$major\", \"pgrx-tests/pg$major\"]|" "$src/pg_ext/Cargo.toml"
+        grep -q "^pg$major = " "$src/pg_ext/Cargo.toml" || { echo "cannot add the pg$major feature to $src/pg_ext/Cargo.toml" >&2; exit 1; }
+    fi
 fi
 
 version=$(sed -n 's/^version = "\([0-9.]*\)".*/\1/p' "$src/pg_ext/Cargo.toml")
 arch=$(dpkg --print-architecture)
-stage="$root/target/package-stage/alkblobs-$version"
+stage="$root/target/package-stage/alkblobs-$major-$version"
 rm -rf "$stage"
 # Another commit's package is built with the dev profile: its library then
 # lands in target/debug, never over this checkout's release build (which
@@ -93,7 +118,7 @@ fi
 test -f "$stage$pkglibdir/alkblobs.so"
 test -f "$stage$sharedir/extension/alkblobs--$version.sql"
 
-doc="$stage/usr/share/doc/postgresql-15-alkblobs"
+doc="$stage/usr/share/doc/$package"
 mkdir -p "$doc"
 {
     echo "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/"
@@ -106,7 +131,7 @@ mkdir -p "$doc"
     sed 's/^/ /; s/^ $/ ./' "$src/LICENSE-MIT" 2>/dev/null || true
 } > "$doc/copyright"
 gzip -9n -c > "$doc/changelog.gz" <<CHANGES
-postgresql-15-alkblobs ($version) unstable; urgency=medium
+$package ($version) unstable; urgency=medium
 
   * alkblobs extension $version; see docs/operations.md, "Versions".
 
@@ -117,23 +142,32 @@ CHANGES
 shlibs=$(
     tmp=$(mktemp -d)
     mkdir -p "$tmp/debian"
-    printf 'Source: alkblobs\n\nPackage: postgresql-15-alkblobs\nArchitecture: any\n' > "$tmp/debian/control"
+    printf 'Source: alkblobs\n\nPackage: $package\nArchitecture: any\n' > "$tmp/debian/control"
     (cd "$tmp" && dpkg-shlibdeps -O -e "$stage$pkglibdir/alkblobs.so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
     rm -rf "$tmp"
 )
+# The server this package is for: Debian's (a dependency) or one built
+# from source (none; the description names its directory).
+depends=$shlibs
+server="PostgreSQL $major"
+if dpkg -S "$(readlink -f "$pg_config")" >/dev/null 2>&1; then
+    depends="postgresql-$major${shlibs:+, $shlibs}"
+else
+    server="the PostgreSQL $major built in $("$pg_config" --bindir | sed 's|/bin$||')"
+fi
 size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 mkdir -p "$stage/DEBIAN"
 cat > "$stage/DEBIAN/control" <<CONTROL
-Package: postgresql-15-alkblobs
+Package: $package
 Version: $version
 Architecture: $arch
 Maintainer: alkblobs developers <alkblobs@example.org>
 Installed-Size: $size
-Depends: postgresql-15${shlibs:+, $shlibs}
+Depends: $depends
 Section: database
 Priority: optional
 Homepage: https://github.com/alkblobs/alkblobs
-Description: content-addressed blob store, fleet garbage collection for PostgreSQL 15
+Description: content-addressed blob store, fleet garbage collection for PostgreSQL $major
  The alkblobs extension: pools of deduplicated, content-addressed blobs
  (rows and large objects), pins and liveness tables that protect them, and a
  garbage collector that runs inside the database, swept from psql, from
@@ -141,7 +175,8 @@ Description: content-addressed blob store, fleet garbage collection for PostgreS
  shared_preload_libraries = 'alkblobs'; everything else works without it).
  After installing: CREATE EXTENSION alkblobs; after upgrading: restart the
  server if it preloads the library, then ALTER EXTENSION alkblobs UPDATE.
+ Built for $server.
 CONTROL
-deb="$out/postgresql-15-alkblobs_${version}_${arch}.deb"
+deb="$out/${package}_${version}_${arch}.deb"
 dpkg-deb --root-owner-group -Zxz --build "$stage" "$deb" >&2
 echo "$deb"

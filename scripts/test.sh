@@ -248,13 +248,15 @@ ALKBLOBS_PG_URL="$url" ALKBLOBS_PG_STORE_URL="$bouncer" cargo test -p alkblobs-t
 step "a server restart under a store (restarts the cluster: runs alone, last)"
 ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_restart
 
-step "the Debian package: this version's and the previous release's (built from git history), installed with apt, upgraded in place, removed"
 version=$(sed -n 's/^version = "\([0-9.]*\)".*/\1/p' pg_ext/Cargo.toml)
 bump=$(git log --format=%H -n1 -S"version = \"$version\"" -- pg_ext/Cargo.toml)
 [ -n "$bump" ] || { echo "cannot find the commit that made version $version in the git history (a shallow clone?)" >&2; exit 1; }
-deb_old=$(scripts/package.sh deb --rev "$bump^")
-deb_new=$(scripts/package.sh deb)
-echo "packages: $deb_old $deb_new"
-ALKBLOBS_DEB_OLD="$deb_old" ALKBLOBS_DEB_NEW="$deb_new" cargo test -p alkblobs-tests --features pg --test pg_package
+for major in $(scripts/postgres.sh majors); do
+    step "the Debian package for PostgreSQL $major: this version's and the previous release's (built from git history), installed with apt, upgraded in place, removed"
+    deb_old=$(scripts/package.sh deb --major "$major" --rev "$bump^")
+    deb_new=$(scripts/package.sh deb --major "$major")
+    echo "packages: $deb_old $deb_new"
+    ALKBLOBS_PG_MAJOR=$major ALKBLOBS_DEB_OLD="$deb_old" ALKBLOBS_DEB_NEW="$deb_new" cargo test -p alkblobs-tests --features pg --test pg_package
+done
 
 step "all tests passed"

@@ -1,8 +1,9 @@
 //! The Debian package as an operator uses it (needs root: it installs into
-//! the system PostgreSQL 15). The test script builds this version's
-//! package and the previous release's from git history
-//! (`scripts/package.sh deb [--rev]`) and names them in `ALKBLOBS_DEB_NEW`
-//! and `ALKBLOBS_DEB_OLD`: the previous release is installed with apt, a
+//! the server of `ALKBLOBS_PG_MAJOR`, 15 unless set: Debian's, or the one
+//! `scripts/postgres.sh` built from source). The test script builds this
+//! version's package for that major and the previous release's from git
+//! history (`scripts/package.sh deb --major N [--rev]`) and names them in
+//! `ALKBLOBS_DEB_NEW` and `ALKBLOBS_DEB_OLD`: the previous release is installed with apt, a
 //! cluster that preloads the library (its scheduler on) is started, the
 //! extension created and a pool filled; the new package is installed over
 //! it, the server restarted (it preloads the old library),
@@ -19,8 +20,21 @@ use alkblobs_tests::pg::{key, sqlstate};
 use tokio_postgres::{Client, NoTls};
 
 const PORT: &str = "54333";
-const SHARE: &str = "/usr/share/postgresql/15/extension";
-const LIB: &str = "/usr/lib/postgresql/15/lib/alkblobs.so";
+
+fn major() -> String {
+    std::env::var("ALKBLOBS_PG_MAJOR").unwrap_or_else(|_| "15".into())
+}
+
+fn package() -> String {
+    format!("postgresql-{}-alkblobs", major())
+}
+
+/// What `pg_config --flag` of the major says (where the package installs).
+fn pg_config(flag: &str) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/postgres.sh");
+    let path = sh(Command::new("bash").args([script, "pg-config", &major()]));
+    sh(Command::new(path.trim()).arg(flag)).trim().to_owned()
+}
 
 fn deb(var: &str) -> String {
     let p = std::env::var(var).unwrap_or_else(|_| {
@@ -48,7 +62,7 @@ fn apt_install(deb: &str) {
 }
 
 fn installed_version() -> String {
-    sh(Command::new("dpkg-query").args(["-W", "-f", "${Version}", "postgresql-15-alkblobs"]))
+    sh(Command::new("dpkg-query").args(["-W", "-f", "${Version}", &package()]))
 }
 
 fn cluster(args: &[&str]) -> String {
@@ -56,7 +70,8 @@ fn cluster(args: &[&str]) -> String {
     sh(Command::new("bash")
         .arg(script)
         .args(args)
-        .env("ALKBLOBS_PG_PORT", PORT))
+        .env("ALKBLOBS_PG_PORT", PORT)
+        .env("ALKBLOBS_PG_MAJOR", major()))
     .trim()
     .to_owned()
 }
@@ -69,6 +84,7 @@ impl Drop for Stop {
             .arg(script)
             .arg("stop")
             .env("ALKBLOBS_PG_PORT", PORT)
+            .env("ALKBLOBS_PG_MAJOR", major())
             .output();
     }
 }
@@ -97,6 +113,12 @@ async fn version(c: &Client) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_package_installs_upgrades_in_place_and_removes() {
     let (old, new) = (deb("ALKBLOBS_DEB_OLD"), deb("ALKBLOBS_DEB_NEW"));
+    let share = format!("{}/extension", pg_config("--sharedir"));
+    let lib = format!("{}/alkblobs.so", pg_config("--pkglibdir"));
+    for d in [&old, &new] {
+        let name = sh(Command::new("dpkg-deb").args(["-f", d, "Package"]));
+        assert_eq!(name.trim(), package(), "{d} is another major's package");
+    }
     let _stop = Stop;
     cluster(&["stop"]);
 
@@ -240,11 +262,11 @@ async fn the_package_installs_upgrades_in_place_and_removes() {
     // the extension cannot be loaded until it is installed again).
     cluster(&["stop"]);
     sh(Command::new("apt-get")
-        .args(["remove", "-y", "-q", "postgresql-15-alkblobs"])
+        .args(["remove", "-y", "-q", &package()])
         .env("DEBIAN_FRONTEND", "noninteractive"));
-    assert!(!Path::new(LIB).exists(), "{LIB} is still there");
-    assert!(!Path::new(&format!("{SHARE}/alkblobs.control")).exists());
+    assert!(!Path::new(&lib).exists(), "{lib} is still there");
+    assert!(!Path::new(&format!("{share}/alkblobs.control")).exists());
     // Back for whatever runs next on this machine.
     apt_install(&new);
-    assert!(Path::new(LIB).exists());
+    assert!(Path::new(&lib).exists());
 }
