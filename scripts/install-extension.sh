@@ -9,7 +9,7 @@
 # --release` for each major named, and copies the frozen scripts of
 # released versions (sql/released/) and the current version's generated
 # upgrade script (scripts/gen-upgrade.py) into that major's extension
-# directory.
+# directory, every script stamped with the major (scripts/stamp-major.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || set -- 15
@@ -61,5 +61,9 @@ for major in "$@"; do
     # script), so that CREATE EXTENSION alkblobs VERSION '<old>' and the
     # upgrade path from it keep working, and the current version's upgrade
     # script, generated from sql/ (never committed until released).
-    install -m 644 sql/released/alkblobs--*.sql "$upgrade" "$("${pg_config[$major]}" --sharedir)/extension/"
+    ext="$("${pg_config[$major]}" --sharedir)/extension"
+    install -m 644 sql/released/alkblobs--*.sql "$upgrade" "$ext/"
+    # Each script refuses a server of another major before it loads the
+    # library (whose loader error would name a missing symbol instead).
+    scripts/stamp-major.sh "$major" "$ext"/alkblobs--*.sql
 done

@@ -115,6 +115,8 @@ install -m 644 "$src"/sql/released/alkblobs--*.sql "$stage$sharedir/extension/"
 if [ -f "$src/scripts/gen-upgrade.py" ] && [ -d "$src/sql/api" ]; then
     install -m 644 "$(cd "$src" && python3 scripts/gen-upgrade.py)" "$stage$sharedir/extension/"
 fi
+# Every script refuses a server of another major (scripts/stamp-major.sh).
+scripts/stamp-major.sh "$major" "$stage$sharedir"/extension/alkblobs--*.sql
 test -f "$stage$pkglibdir/alkblobs.so"
 test -f "$stage$sharedir/extension/alkblobs--$version.sql"
 

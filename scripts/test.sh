@@ -195,6 +195,9 @@ if ! wait "$postgres_install"; then
 fi
 cat target/postgres-install.log
 scripts/install-extension.sh $others
+# Every major's build is installed now: each refuses another's server with
+# both majors named (pg_majors; here on 15, below on each of the others).
+ALKBLOBS_PG_URL="$url" cargo test -p alkblobs-tests --features pg --test pg_majors
 for major in $others; do
     step "PostgreSQL $major: golden SQL, isolation specs, the race, fleet, privilege, review-queue and verify suites; a dump of the PostgreSQL 15 cluster restored into a $major cluster that does not preload the library, and the engine and default-server suites there"
     major_pg() { ALKBLOBS_PG_MAJOR=$major ALKBLOBS_PG_PORT=$((54315 + major)) scripts/pg-cluster.sh "$@"; }
@@ -209,7 +212,7 @@ for major in $others; do
     # Every major: the races, the fleet, privileges, the review queue,
     # verify and the protocol suite (with the upgrade from 0.1.0). The newest (18) also runs every other suite of PostgreSQL
     # 15's list above; 17 sits between two majors that run them all.
-    suites="--test pg_races --test pg_fleet --test pg_privileges --test pg_review_queue --test pg_verify --test pg_peer_races --test pg_protocol"
+    suites="--test pg_races --test pg_fleet --test pg_privileges --test pg_review_queue --test pg_verify --test pg_peer_races --test pg_protocol --test pg_majors"
     if [ "$major" = "${majors##* }" ]; then
         suites="$suites --test pg_liveness_registration --test pg_local_tier --test pg_arguments --test pg_randomized --test pg_engines --test pg_hotpaths --test pg_scheduler --test pg_monitoring"
     fi
