@@ -288,6 +288,7 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.alkblobs_unregister_liveness(text, regclass),
     @extschema@.alkblobs_grant_pool(text, regrole, text),
     @extschema@.alkblobs_revoke_pool(text, regrole, text),
+    @extschema@.alkblobs_revoke_pool(text, name, text),
     @extschema@.alkblobs_schedule_cron(text, interval),
     @extschema@.alkblobs_unschedule_cron(text)
   TO alkblobs_admin;

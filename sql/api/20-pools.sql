@@ -348,3 +348,37 @@ BEGIN
        AND (g.grantee_oid = $2 OR (g.grantee_oid IS NULL AND g.grantee = pg_catalog.pg_get_userbyid($2)));
     RETURN FOUND;
 END $$;
+
+-- Revokes a grant by the grantee's name: a role's name (as the regrole
+-- form), or the name a grant records for a grantee that no longer exists
+-- (a dropped role, or one a restore did not bring: alkblobs_pool_grants
+-- lists it), which a regrole cannot name. A name that is neither is an
+-- error (42704), as for the regrole form. A literal name resolves here.
+-- (0.8.0)
+CREATE FUNCTION @extschema@.alkblobs_revoke_pool(pool text, grantee name, access text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    pl alkblobs.pools := alkblobs.pool($1, 'admin');
+    r oid;
+BEGIN
+    PERFORM alkblobs.not_null($2, 'grantee');
+    PERFORM alkblobs.not_null($3, 'access');
+    SELECT ro.oid INTO r FROM pg_catalog.pg_roles ro WHERE ro.rolname = $2;
+    IF r IS NOT NULL THEN
+        RETURN @extschema@.alkblobs_revoke_pool(pl.name, r::regrole, $3);
+    END IF;
+    -- No role has the name: a grant of a grantee that is gone.
+    DELETE FROM alkblobs.pool_grants g
+     WHERE g.pool = pl.id AND g.access = $3 AND g.grantee = $2
+       AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles ro WHERE ro.oid = g.grantee_oid);
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM alkblobs.pool_grants g WHERE g.pool = pl.id AND g.grantee = $2) THEN
+        RAISE EXCEPTION 'role "%" does not exist, and no grant of pool "%" names a grantee gone by that name', $2, pl.name
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    RETURN false;
+END $$;

@@ -450,6 +450,92 @@ async fn a_role_reusing_a_dropped_roles_name_gains_nothing() {
     assert_eq!(sqlstate(&e), "42704", "{e}");
 }
 
+/// The grantees `alkblobs_pool_grants` lists for `pool`, by name.
+async fn grantees(c: &Client, pool: &str) -> Vec<String> {
+    c.query(
+        "SELECT grantee::text FROM alkblobs_pool_grants WHERE pool = $1 ORDER BY 1",
+        &[&pool],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get::<_, String>(0))
+    .collect()
+}
+
+/// A grant outlives its grantee: once the role is dropped, the regrole
+/// form of `alkblobs_revoke_pool` cannot name it, and the name form
+/// revokes the recorded grant (and only a gone grantee's: a present role
+/// of another name keeps its grant). A name that is neither a role nor a
+/// gone grantee of the pool is 42704.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_grantees_grant_is_revoked_by_its_name() {
+    let su = connect().await;
+    let owner = login_role(&su, "own_revoke", "alkblobs_admin").await;
+    let gone = login_role(&su, "rd_gone", "alkblobs_reader").await;
+    let kept = login_role(&su, "rd_kept", "alkblobs_reader").await;
+    let od = connect_as(&owner).await;
+    let p = pool(&od, "revoke-gone", "0 seconds", "60 seconds").await;
+    for r in [&gone, &kept] {
+        grant_pool(&od, &p, r, "read").await;
+    }
+    su.batch_execute(&format!("DROP OWNED BY {gone}; DROP ROLE {gone}"))
+        .await
+        .unwrap();
+    assert_eq!(
+        grantees(&od, &p).await,
+        vec![gone.clone(), kept.clone()],
+        "the gone grantee's grant is listed"
+    );
+    let e = od
+        .query_one(
+            &format!("SELECT alkblobs_revoke_pool($1, '{gone}'::regrole, 'read')"),
+            &[&p],
+        )
+        .await
+        .expect_err("a regrole of a dropped role");
+    assert_eq!(sqlstate(&e), "42704", "{e}");
+    // The name form, as a literal (what an operator types).
+    let revoked: bool = od
+        .query_one(
+            &format!("SELECT alkblobs_revoke_pool($1, '{gone}', 'read')"),
+            &[&p],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(revoked);
+    assert_eq!(grantees(&od, &p).await, vec![kept.clone()]);
+    let again: bool = od
+        .query_one(
+            &format!("SELECT alkblobs_revoke_pool($1, '{kept}', 'write')"),
+            &[&p],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!again, "a present role's grant of another access");
+    let e = od
+        .query_one(
+            "SELECT alkblobs_revoke_pool($1, 'never_a_role', 'read')",
+            &[&p],
+        )
+        .await
+        .expect_err("a name that is no role and no gone grantee");
+    assert_eq!(sqlstate(&e), "42704", "{e}");
+    // The present role's grant goes by its name too.
+    let revoked: bool = od
+        .query_one(
+            &format!("SELECT alkblobs_revoke_pool($1, '{kept}', 'read')"),
+            &[&p],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(revoked);
+    assert!(grantees(&od, &p).await.is_empty());
+}
+
 /// Up to 0.6.0 a pool's sweeper lock and a client's sweep lease were
 /// advisory locks ('alkb' and 'alkS', pool id), which any role that can
 /// connect can take: holding them made every sweep of the pool abort with
