@@ -144,7 +144,7 @@ CHANGES
 shlibs=$(
     tmp=$(mktemp -d)
     mkdir -p "$tmp/debian"
-    printf 'Source: alkblobs\n\nPackage: $package\nArchitecture: any\n' > "$tmp/debian/control"
+    printf 'Source: alkblobs\n\nPackage: %s\nArchitecture: any\n' "$package" > "$tmp/debian/control"
     (cd "$tmp" && dpkg-shlibdeps -O -e "$stage$pkglibdir/alkblobs.so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
     rm -rf "$tmp"
 )

@@ -330,8 +330,13 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = $2) THEN
         RAISE EXCEPTION 'role % does not exist', $2::oid USING ERRCODE = 'undefined_object';
     END IF;
-    INSERT INTO alkblobs.pool_grants (pool, grantee, access)
-    VALUES (pl.id, pg_catalog.pg_get_userbyid($2), $3) ON CONFLICT DO NOTHING;
+    -- A row of that name and access already there is this role's, or a
+    -- gone grantee's of the same name (it grants nothing): the grant takes
+    -- it over (the trigger takes the OID from the name again).
+    INSERT INTO alkblobs.pool_grants AS g (pool, grantee, access)
+    VALUES (pl.id, pg_catalog.pg_get_userbyid($2), $3)
+    ON CONFLICT ON CONSTRAINT pool_grants_pkey DO UPDATE SET grantee_oid = NULL
+     WHERE g.grantee_oid IS DISTINCT FROM $2::oid;
 END $$;
 
 CREATE FUNCTION @extschema@.alkblobs_revoke_pool(pool text, role regrole, access text)
@@ -343,40 +348,53 @@ DECLARE
 BEGIN
     PERFORM alkblobs.not_null($2, 'role');
     PERFORM alkblobs.not_null($3, 'access');
+    -- The role's grant, and one recorded under its name for a grantee
+    -- that is gone (a dropped role of that name: it grants nothing).
     DELETE FROM alkblobs.pool_grants g
      WHERE g.pool = pl.id AND g.access = $3
-       AND (g.grantee_oid = $2 OR (g.grantee_oid IS NULL AND g.grantee = pg_catalog.pg_get_userbyid($2)));
+       AND (g.grantee_oid = $2
+            OR (g.grantee = pg_catalog.pg_get_userbyid($2)
+                AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles ro WHERE ro.oid = g.grantee_oid)));
     RETURN FOUND;
 END $$;
 
--- Revokes a grant by the grantee's name: a role's name (as the regrole
--- form), or the name a grant records for a grantee that no longer exists
--- (a dropped role, or one a restore did not bring: alkblobs_pool_grants
--- lists it), which a regrole cannot name. A name that is neither is an
--- error (42704), as for the regrole form. A literal name resolves here.
--- (0.8.0)
+-- Revokes a grant by the grantee's name: a role's name as the regrole
+-- form reads it (an identifier: unquoted is folded to lower case, quoted
+-- is exact), or, when no role has it, the name a grant records for a
+-- grantee that no longer exists (a dropped role, or one a restore did not
+-- bring: alkblobs_pool_grants lists it), which a regrole cannot name. A
+-- name that is neither is an error (42704), as for the regrole form. A
+-- literal name resolves here. (0.8.0)
 CREATE FUNCTION @extschema@.alkblobs_revoke_pool(pool text, grantee name, access text)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     pl alkblobs.pools := alkblobs.pool($1, 'admin');
-    r oid;
+    r regrole;
+    ident name;
 BEGIN
     PERFORM alkblobs.not_null($2, 'grantee');
     PERFORM alkblobs.not_null($3, 'access');
-    SELECT ro.oid INTO r FROM pg_catalog.pg_roles ro WHERE ro.rolname = $2;
+    r := pg_catalog.to_regrole($2::text);
     IF r IS NOT NULL THEN
-        RETURN @extschema@.alkblobs_revoke_pool(pl.name, r::regrole, $3);
+        RETURN @extschema@.alkblobs_revoke_pool(pl.name, r, $3);
     END IF;
+    -- The name as an identifier too ('MediaNode' is medianode), as the
+    -- regrole form would have read the name of the role when it existed.
+    BEGIN
+        ident := (pg_catalog.parse_ident($2::text))[1];
+    EXCEPTION WHEN invalid_parameter_value OR invalid_name OR syntax_error THEN
+        ident := $2;
+    END;
     -- No role has the name: a grant of a grantee that is gone.
     DELETE FROM alkblobs.pool_grants g
-     WHERE g.pool = pl.id AND g.access = $3 AND g.grantee = $2
+     WHERE g.pool = pl.id AND g.access = $3 AND g.grantee IN ($2, ident)
        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles ro WHERE ro.oid = g.grantee_oid);
     IF FOUND THEN
         RETURN true;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM alkblobs.pool_grants g WHERE g.pool = pl.id AND g.grantee = $2) THEN
+    IF NOT EXISTS (SELECT 1 FROM alkblobs.pool_grants g WHERE g.pool = pl.id AND g.grantee IN ($2, ident)) THEN
         RAISE EXCEPTION 'role "%" does not exist, and no grant of pool "%" names a grantee gone by that name', $2, pl.name
             USING ERRCODE = 'undefined_object';
     END IF;

@@ -28,10 +28,13 @@ fn majors() -> Vec<i32> {
     .arg("majors")
     .output()
     .expect("scripts/postgres.sh majors");
-    String::from_utf8_lossy(&out.stdout)
+    assert!(out.status.success(), "scripts/postgres.sh majors failed");
+    let majors: Vec<i32> = String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .map(|m| m.parse().unwrap())
-        .collect()
+        .collect();
+    assert!(majors.len() >= 2, "majors: {majors:?}");
+    majors
 }
 
 /// `pg_config FLAG` of `major` (scripts/postgres.sh pg-config).

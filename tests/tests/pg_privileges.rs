@@ -523,10 +523,14 @@ async fn a_dropped_grantees_grant_is_revoked_by_its_name() {
         .await
         .expect_err("a name that is no role and no gone grantee");
     assert_eq!(sqlstate(&e), "42704", "{e}");
-    // The present role's grant goes by its name too.
+    // The present role's grant goes by its name too, read as an
+    // identifier as the regrole form reads it (unquoted: lower case).
     let revoked: bool = od
         .query_one(
-            &format!("SELECT alkblobs_revoke_pool($1, '{kept}', 'read')"),
+            &format!(
+                "SELECT alkblobs_revoke_pool($1, '{}', 'read')",
+                kept.to_uppercase()
+            ),
             &[&p],
         )
         .await
@@ -534,6 +538,42 @@ async fn a_dropped_grantees_grant_is_revoked_by_its_name() {
         .get(0);
     assert!(revoked);
     assert!(grantees(&od, &p).await.is_empty());
+
+    // A role created later under a dropped grantee's name: the gone
+    // grant gives it nothing, a grant to it takes effect, and its revoke
+    // takes the gone grant with it.
+    let again = login_role(&su, "rd_again", "alkblobs_reader").await;
+    grant_pool(&od, &p, &again, "read").await;
+    su.batch_execute(&format!(
+        "DROP OWNED BY {again}; DROP ROLE {again}; CREATE ROLE {again} LOGIN IN ROLE alkblobs_reader"
+    ))
+    .await
+    .unwrap();
+    let ac = connect_as(&again).await;
+    let e = ac
+        .query("SELECT * FROM alkblobs_list($1)", &[&p])
+        .await
+        .expect_err("the new role reads through the dropped role's grant");
+    assert_eq!(sqlstate(&e), "42501", "{e}");
+    grant_pool(&od, &p, &again, "read").await;
+    ac.query("SELECT * FROM alkblobs_list($1)", &[&p])
+        .await
+        .expect("a grant to the new role takes effect");
+    let revoked: bool = od
+        .query_one(
+            &format!("SELECT alkblobs_revoke_pool($1, '{again}', 'read')"),
+            &[&p],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(revoked);
+    assert!(grantees(&od, &p).await.is_empty());
+    let e = ac
+        .query("SELECT * FROM alkblobs_list($1)", &[&p])
+        .await
+        .expect_err("revoked");
+    assert_eq!(sqlstate(&e), "42501", "{e}");
 }
 
 /// Up to 0.6.0 a pool's sweeper lock and a client's sweep lease were

@@ -195,7 +195,10 @@ where
 /// the client has read slower than `min_rate` bytes a second on average
 /// over the time writes waited on it, when that reaches `idle` (a client
 /// reading a byte a minute). Only waits count: the server's own pauses (a
-/// slow store read) are not the client's.
+/// slow store read) are not the client's. The average is taken when a
+/// wait ends, with what it let through: a wait lasts until the kernel has
+/// room for a write, which a steady reader above the minimum may take
+/// most of `idle` to make, and that reader must not be cut mid-wait.
 struct WriteStall<T> {
     inner: T,
     idle: Duration,
@@ -207,6 +210,8 @@ struct WriteStall<T> {
     /// Bytes written since the first wait (the socket's buffer was full
     /// then: from there on, what is written is what the client read).
     drained: Option<u64>,
+    /// The average fell below the minimum: every further write fails.
+    too_slow: bool,
 }
 
 impl<T> WriteStall<T> {
@@ -218,40 +223,29 @@ impl<T> WriteStall<T> {
             stalled: None,
             waited: Duration::ZERO,
             drained: None,
+            too_slow: false,
         }
     }
 
-    /// How long the wait starting now may last: `idle` without progress,
-    /// and no longer than until the average over all waits falls below
-    /// the minimum rate (once the waits reach `idle`).
-    fn allowance(&self) -> Duration {
-        if self.min_rate == 0 {
-            return self.idle;
-        }
-        let drained = self.drained.unwrap_or(0);
-        // The waiting the bytes read so far pay for at the minimum rate.
-        let paid = Duration::from_secs_f64(drained as f64 / self.min_rate as f64);
-        self.idle
-            .min(paid.max(self.idle).saturating_sub(self.waited))
+    fn slow<R>() -> Poll<std::io::Result<R>> {
+        Poll::Ready(Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the client read slower than the minimum download rate",
+        )))
     }
 
-    /// After a pending write: time out once the wait has used its allowance.
+    /// After a pending write: time out once the wait has lasted `idle`.
     fn pending<R>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<R>> {
+        let idle = self.idle;
         if self.stalled.is_none() {
             self.drained.get_or_insert(0);
-            let wait = self.allowance();
-            self.stalled = Some((Instant::now(), Box::pin(tokio::time::sleep(wait))));
+            self.stalled = Some((Instant::now(), Box::pin(tokio::time::sleep(idle))));
         }
-        let idle = self.idle;
-        let (since, timer) = self.stalled.as_mut().expect("set above");
+        let (_, timer) = self.stalled.as_mut().expect("set above");
         match timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                if since.elapsed() >= idle {
-                    "the client read nothing for the idle cut-off"
-                } else {
-                    "the client read slower than the minimum download rate"
-                },
+                "the client read nothing for the idle cut-off",
             ))),
             Poll::Pending => Poll::Pending,
         }
@@ -266,11 +260,19 @@ impl<T> WriteStall<T> {
         match r {
             Poll::Pending => self.pending(cx),
             ready => {
-                if let Some((since, _)) = self.stalled.take() {
-                    self.waited += since.elapsed();
-                }
                 if let (Some(d), Poll::Ready(Ok(v))) = (self.drained.as_mut(), &ready) {
                     *d += written(v) as u64;
+                }
+                if let Some((since, _)) = self.stalled.take() {
+                    // A wait ended: the average over all of them so far.
+                    self.waited += since.elapsed();
+                    let drained = self.drained.unwrap_or(0) as f64;
+                    if self.min_rate > 0
+                        && self.waited >= self.idle
+                        && drained < self.min_rate as f64 * self.waited.as_secs_f64()
+                    {
+                        self.too_slow = true;
+                    }
                 }
                 ready
             }
@@ -296,6 +298,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.too_slow {
+            return Self::slow();
+        }
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         self.done(r, cx, |n| *n)
     }
@@ -305,6 +310,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        if self.too_slow {
+            return Self::slow();
+        }
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         self.done(r, cx, |n| *n)
     }
@@ -314,6 +322,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.too_slow {
+            return Self::slow();
+        }
         let r = Pin::new(&mut self.inner).poll_flush(cx);
         self.done(r, cx, |()| 0)
     }

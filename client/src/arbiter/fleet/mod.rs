@@ -383,6 +383,10 @@ impl Arbiter for FleetArbiter {
                 marked.insert(key_of(&r.get::<_, Vec<u8>>(0))?);
             }
         }
+        // Published: the engine has named their objects.
+        for k in keys {
+            s.generations.forget(k);
+        }
         match keys.iter().find(|k| !marked.contains(k)) {
             // Its record is gone: a claim collected it, which only an
             // expired pin allows.

@@ -151,10 +151,13 @@ impl Lease {
         probe_conditional(inner).await?;
         loop {
             // Read first: a live lease is refused whatever the service
-            // does with conditions.
+            // does with conditions. (Confirmed as of before the write: the
+            // service stamps the lease after that, and the release's
+            // budget counts from here.)
+            let attempt = std::time::Instant::now();
             if Self::take_over(inner, &owner).await? {
                 let lost = Arc::new(AtomicBool::new(false));
-                let confirmed = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
+                let confirmed = Arc::new(std::sync::Mutex::new(attempt));
                 let renewal = tokio::spawn(renew(
                     inner.clone(),
                     owner.clone(),
