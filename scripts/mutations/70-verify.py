@@ -2,6 +2,15 @@
 (docs/operations.md, "Verify"), never against what the tier still lists."""
 # (M is the runner's: scripts/mutants.py loads this file.)
 MUTATIONS = [
+    # An embedded store's kv tier is scrubbed by one scan of its rows, a page
+    # a statement: a page cut by its byte budget is not the last.
+    M(id="sqlite-scan-short-page-ends",
+      what="the sqlite engine's scan ends at a page its 8 MiB budget cut short (the rest of the kv tier is never verified)",
+      file="client/src/backend/sqlite/engine.rs",
+      find="        crate::pager::paged(\n            1,\n            |e: &(Key, u64, Bytes)| e.0,",
+      replace="        crate::pager::paged(\n            SCAN_PAGE as usize,\n            |e: &(Key, u64, Bytes)| e.0,",
+      kind="rust",
+      tests=[("engines", "sqlite::scan_reads_every_entry")]),
     # The record walk is what makes a lost object visible at all.
     M(id="verify-walks-the-listing",
       what="verify of a PostgreSQL pool walks the engines' listings instead of the pool's record",

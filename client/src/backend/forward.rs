@@ -39,6 +39,9 @@ macro_rules! forward_backend {
             fn list(&self) -> KeyStream<'_> {
                 (**self).list()
             }
+            fn scan(&self, after: Option<Key>) -> super::EntryStream<'_> {
+                (**self).scan(after)
+            }
             async fn size(&self, key: &Key) -> Result<Option<u64>> {
                 (**self).size(key).await
             }

@@ -39,7 +39,7 @@ macro_rules! backend_suite {
             use super::*;
             $crate::backend_suite!(@cases $caps, $make, dyn $crate::backend::Backend;
                 round_trips, put_is_immutable, missing_keys, delete_semantics,
-                ranges_at_edges, list_is_sorted_and_complete, big_listing,
+                ranges_at_edges, list_is_sorted_and_complete, big_listing, scan_reads_every_entry,
                 concurrent_puts_of_one_key, batches, usage_matches_contents, model_sequence);
         }
     };
@@ -65,7 +65,7 @@ macro_rules! large_backend_suite {
             use super::*;
             $crate::backend_suite!(@cases $caps, $make, dyn $crate::backend::Backend;
                 round_trips, put_is_immutable, missing_keys, delete_semantics,
-                ranges_at_edges, list_is_sorted_and_complete, big_listing,
+                ranges_at_edges, list_is_sorted_and_complete, big_listing, scan_reads_every_entry,
                 concurrent_puts_of_one_key, batches, usage_matches_contents, model_sequence);
             $crate::backend_suite!(@cases $caps, $make, dyn $crate::backend::LargeBackend;
                 streaming_writes, streaming_reads, large_missing_keys, large_ranges_at_edges,
@@ -251,6 +251,45 @@ pub async fn big_listing(e: &Arc<dyn Backend>, caps: Caps) {
         count += 1;
     }
     assert_eq!(count, n);
+}
+
+/// `scan` yields every entry once, ascending, with its length and its
+/// value, across pages (more rows than a page, and more bytes than one
+/// when values are large), and from after a key when asked.
+pub async fn scan_reads_every_entry(e: &Arc<dyn Backend>, caps: Caps) {
+    let mut want: Vec<(Key, Vec<u8>)> = Vec::new();
+    let small: Vec<(Key, Bytes)> = (0..caps.list_keys.min(1100))
+        .map(|i| {
+            let v = data(50_000 + i as u64, 20);
+            (Key::of(&v), Bytes::from(v))
+        })
+        .collect();
+    for chunk in small.chunks(500) {
+        e.put_many(chunk).await.unwrap();
+    }
+    want.extend(small.iter().map(|(k, v)| (*k, v.to_vec())));
+    // 12 MiB of the largest values, mixed with the small ones: a page of a
+    // kv scan (1,024 rows) ends at 8 MiB before it is full.
+    let big = (*sizes(caps).last().unwrap()).max(1);
+    for i in 0..((12 << 20) / big + 1).min(200) {
+        let v = data(60_000 + i as u64, big);
+        want.push((put_new(e, v.clone()).await, v));
+    }
+    want.sort();
+    let got: Vec<(Key, u64, Bytes)> = e.scan(None).try_collect().await.unwrap();
+    assert_eq!(got.len(), want.len(), "{e}");
+    for ((k, n, v), (wk, wv)) in got.iter().zip(&want) {
+        assert_eq!((k, *n, &v[..]), (wk, wv.len() as u64, &wv[..]), "{e}");
+    }
+    let mid = want[want.len() / 2].0;
+    let rest: Vec<Key> = e
+        .scan(Some(mid))
+        .map_ok(|(k, _, _)| k)
+        .try_collect()
+        .await
+        .unwrap();
+    let want_rest: Vec<Key> = want.iter().map(|(k, _)| *k).filter(|k| *k > mid).collect();
+    assert_eq!(rest, want_rest, "{e}");
 }
 
 /// Concurrent puts of one key: exactly one creates it, all agree on content.

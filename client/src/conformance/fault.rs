@@ -163,6 +163,9 @@ impl<E: Backend + ?Sized> Backend for FaultBackend<E> {
     fn list(&self) -> KeyStream<'_> {
         self.inner.list()
     }
+    fn scan(&self, after: Option<Key>) -> crate::backend::EntryStream<'_> {
+        self.inner.scan(after)
+    }
     async fn size(&self, key: &Key) -> Result<Option<u64>> {
         self.inner.size(key).await
     }

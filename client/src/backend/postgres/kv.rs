@@ -49,6 +49,11 @@ impl Backend for PostgresBackend {
         Ok(self.size(key).await?.is_some())
     }
 
+    fn scan(&self, after: Option<Key>) -> crate::backend::EntryStream<'_> {
+        // (A PostgreSQL pool's verify walks its record, not this.)
+        crate::backend::scan_by_lookup(self, after)
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
         let k = key.as_bytes().to_vec();
         let rows = self

@@ -110,6 +110,43 @@ impl Backend for SqliteBackend {
         )
     }
 
+    fn scan(&self, after: Option<Key>) -> crate::backend::EntryStream<'_> {
+        // Pages of rows read in one statement each, cut at SCAN_PAGE rows
+        // or SCAN_BYTES of values (a kv value can be as large as the
+        // threshold): a short page is not the end, so the pager goes on
+        // until an empty one (page size 1).
+        const SCAN_PAGE: i64 = 1024;
+        const SCAN_BYTES: usize = 8 << 20;
+        let first = after;
+        crate::pager::paged(
+            1,
+            |e: &(Key, u64, Bytes)| e.0,
+            move |cursor: Option<Key>| {
+                let after = after_param(cursor.or(first));
+                self.read("scan entries", move |c| {
+                    let mut stmt = c.prepare_cached(
+                        "SELECT e.key, e.size, v.value FROM entries e JOIN vals v ON v.vid = e.vid \
+                         WHERE e.key > ?1 ORDER BY e.key LIMIT ?2",
+                    )?;
+                    let mut rows = stmt.query(rusqlite::params![after, SCAN_PAGE])?;
+                    let (mut page, mut bytes) = (Vec::new(), 0usize);
+                    while bytes < SCAN_BYTES
+                        && let Some(r) = rows.next()?
+                    {
+                        let value: Vec<u8> = r.get(2)?;
+                        bytes += value.len();
+                        page.push((
+                            key_from_row(r.get(0)?)?,
+                            r.get::<_, i64>(1)? as u64,
+                            Bytes::from(value),
+                        ));
+                    }
+                    Ok(page)
+                })
+            },
+        )
+    }
+
     async fn size(&self, key: &Key) -> Result<Option<u64>> {
         let k = *key;
         self.point_read("probe a size", move |c| {
