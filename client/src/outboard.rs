@@ -203,6 +203,97 @@ pub fn of(bytes: &[u8]) -> (Key, Vec<u8>) {
     b.finish()
 }
 
+/// A blob's content read to its end and hashed in one pass: what `verify`
+/// holds a stored blob against.
+#[derive(Debug)]
+pub enum Digest {
+    /// Every byte was read: the key the bytes hash to, their number and
+    /// their outboard.
+    Whole {
+        /// The key the bytes hash to.
+        hash: Key,
+        /// How many bytes there were.
+        len: u64,
+        /// Their outboard (empty for one chunk group or less).
+        outboard: Vec<u8>,
+    },
+    /// The read failed midway.
+    Unreadable {
+        /// Bytes read before it failed.
+        after: u64,
+        /// The storage's own words.
+        error: String,
+    },
+}
+
+/// The most a digest reads at once.
+const DIGEST_BUF: usize = 1 << 20;
+/// What a blocking digest reads at once: small enough that the bytes the
+/// kernel copies in are still in the core's cache when they are hashed
+/// (1 MiB buffers, one per blocking thread, made the copy cost more than
+/// the hashing).
+const SYNC_BUF: usize = 64 << 10;
+
+/// Reads `reader` to its end through a sequential [`Builder`] (the caller
+/// runs several digests at once already), in reads of up to `size_hint`
+/// bytes (at most 1 MiB).
+pub async fn digest_async<R>(mut reader: R, size_hint: u64) -> Digest
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let mut builder = Builder::sequential();
+    let mut buf = vec![0u8; size_hint.clamp(1, DIGEST_BUF as u64) as usize];
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(got) => builder.update(&buf[..got]),
+            Err(e) => return unreadable(&builder, e),
+        }
+    }
+    whole(builder)
+}
+
+/// The same on the calling thread, which it blocks: for an engine whose
+/// reads are system calls (local files), one blocking call per blob
+/// instead of a hop to the blocking pool per read. The buffer is one per
+/// thread, kept: a fresh 1 MiB per blob costs its page faults each time.
+pub fn digest_sync(reader: &mut impl std::io::Read) -> Digest {
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    BUF.with_borrow_mut(|buf| {
+        buf.resize(SYNC_BUF, 0);
+        let mut builder = Builder::sequential();
+        loop {
+            match reader.read(buf) {
+                Ok(0) => break,
+                Ok(got) => builder.update(&buf[..got]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return unreadable(&builder, e),
+            }
+        }
+        whole(builder)
+    })
+}
+
+fn unreadable(builder: &Builder, e: std::io::Error) -> Digest {
+    Digest::Unreadable {
+        after: builder.len(),
+        error: e.to_string(),
+    }
+}
+
+fn whole(builder: Builder) -> Digest {
+    let len = builder.len();
+    let (hash, outboard) = builder.finish();
+    Digest::Whole {
+        hash,
+        len,
+        outboard,
+    }
+}
+
 /// What verifying a byte range of a blob needs.
 #[derive(Debug, Clone)]
 pub struct Plan {

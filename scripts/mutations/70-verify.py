@@ -11,6 +11,15 @@ MUTATIONS = [
       replace="        crate::pager::paged(\n            SCAN_PAGE as usize,\n            |e: &(Key, u64, Bytes)| e.0,",
       kind="rust",
       tests=[("engines", "sqlite::scan_reads_every_entry")]),
+    # A local file is hashed in one blocking call, 64 KiB a read: every
+    # read counts, not the first buffer only.
+    M(id="local-digest-first-read-only",
+      what="the blocking digest of a local file hashes its first 64 KiB read and stops (a blob damaged past it verifies clean)",
+      file="client/src/outboard.rs",
+      find="                Ok(got) => builder.update(&buf[..got]),\n                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}",
+      replace="                Ok(got) => {\n                    builder.update(&buf[..got]);\n                    break;\n                }\n                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}",
+      kind="rust",
+      tests=[("engines", "local::digests")]),
     # The record walk is what makes a lost object visible at all.
     M(id="verify-walks-the-listing",
       what="verify of a PostgreSQL pool walks the engines' listings instead of the pool's record",

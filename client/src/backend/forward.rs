@@ -86,6 +86,13 @@ macro_rules! forward_backend {
             async fn generation_size(&self, key: &Key, generation: u64) -> Result<Option<u64>> {
                 (**self).generation_size(key, generation).await
             }
+            async fn digest(
+                &self,
+                key: &Key,
+                size_hint: u64,
+            ) -> Result<Option<crate::outboard::Digest>> {
+                (**self).digest(key, size_hint).await
+            }
             async fn read_outboard(
                 &self,
                 key: &Key,

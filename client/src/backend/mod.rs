@@ -370,6 +370,25 @@ pub trait LargeBackend: Backend {
         self.size(key).await
     }
 
+    /// `key`'s content read to its end and hashed in one pass (its key as
+    /// the bytes say, their number, their outboard), or `None` when it is
+    /// absent: what `verify` holds a large blob against. `size_hint`: the
+    /// recorded size, for the read buffer.
+    ///
+    /// # Behavior
+    /// - A read that fails midway is [`crate::outboard::Digest::Unreadable`]
+    ///   (the blob is damaged), not an error; an error is the engine's,
+    ///   before any byte ([`crate::Error::Lost`] for content gone behind a
+    ///   record).
+    /// - The default streams [`LargeBackend::open_read`]; an engine whose
+    ///   reads are system calls does the whole read in one blocking call.
+    async fn digest(&self, key: &Key, size_hint: u64) -> Result<Option<crate::outboard::Digest>> {
+        let Some(reader) = self.open_read(key).await? else {
+            return Ok(None);
+        };
+        Ok(Some(crate::outboard::digest_async(reader, size_hint).await))
+    }
+
     /// Up to `len` bytes of `key`'s outboard from `offset` (clamped to its
     /// end), or `None` when the blob has none: it is absent, or was stored
     /// before outboards existed (see [`crate::outboard`]).

@@ -69,7 +69,7 @@ macro_rules! large_backend_suite {
                 concurrent_puts_of_one_key, batches, usage_matches_contents, model_sequence);
             $crate::backend_suite!(@cases $caps, $make, dyn $crate::backend::LargeBackend;
                 streaming_writes, streaming_reads, large_missing_keys, large_ranges_at_edges,
-                outboards);
+                outboards, digests);
         }
     };
 }
@@ -463,6 +463,36 @@ pub async fn streaming_reads(e: &Arc<dyn LargeBackend>, caps: Caps) {
     let mut got = Vec::new();
     r.read_to_end(&mut got).await.unwrap();
     assert!(got == value);
+}
+
+/// A digest reads every byte (values of every size, across the buffers
+/// an engine reads in): the key, the length and the outboard are the
+/// bytes', and an absent key has none.
+pub async fn digests(e: &Arc<dyn LargeBackend>, caps: Caps) {
+    use crate::outboard::Digest;
+    for (i, n) in sizes(caps)
+        .into_iter()
+        .chain([(64 << 10) + 1, (1 << 20) + 3])
+        .filter(|n| *n <= caps.max_value)
+        .enumerate()
+    {
+        let value = data(40 + i as u64, n);
+        let (key, outboard) = crate::outboard::of(&value);
+        let _ = e.put(&key, Bytes::from(value)).await.unwrap();
+        match e.digest(&key, n as u64).await.unwrap() {
+            Some(Digest::Whole {
+                hash,
+                len,
+                outboard: got,
+            }) => {
+                assert_eq!((hash, len), (key, n as u64), "{e}: {n} bytes");
+                assert!(got == outboard, "{e}: the outboard of {n} bytes");
+            }
+            other => panic!("{e}: a digest of {n} bytes: {other:?}"),
+        }
+    }
+    let absent = crate::conformance::absent_key("digests");
+    assert!(e.digest(&absent, 1).await.unwrap().is_none(), "{e}");
 }
 
 /// `put_many` and `delete_many` report per key.

@@ -284,36 +284,23 @@ async fn check(
             Err(e) => lost(e),
         };
     }
-    let reader = match store.large_engine()?.open_read(key).await {
-        Ok(r) => r,
-        Err(e) => return lost(e),
-    };
-    let Some(mut reader) = reader else {
-        return Ok(Check::Vanished);
-    };
     // One pass gives the key and, for a large blob, the outboard to hold
     // the stored one against.
-    // (Sequential: `--jobs` blobs are hashed at once already.)
-    let mut builder = outboard::Builder::sequential();
-    let mut buf = vec![0u8; recorded.clamp(1, 1 << 20) as usize];
-    let mut n = 0u64;
-    loop {
-        let got = match reader.read(&mut buf).await {
-            Ok(g) => g,
-            Err(e) => {
-                return Ok(Check::Corrupt(
-                    n,
-                    format!("unreadable after {n} bytes: {e}"),
-                ));
-            }
-        };
-        if got == 0 {
-            break;
+    let (actual, n, computed) = match store.large_engine()?.digest(key, recorded).await {
+        Ok(Some(outboard::Digest::Whole {
+            hash,
+            len,
+            outboard,
+        })) => (hash, len, outboard),
+        Ok(Some(outboard::Digest::Unreadable { after, error })) => {
+            return Ok(Check::Corrupt(
+                after,
+                format!("unreadable after {after} bytes: {error}"),
+            ));
         }
-        builder.update(&buf[..got]);
-        n += got as u64;
-    }
-    let (actual, computed) = builder.finish();
+        Ok(None) => return Ok(Check::Vanished),
+        Err(e) => return lost(e),
+    };
     if actual != *key {
         let mut detail = format!("content ({n} bytes) hashes to {actual}");
         if tier == Tier::Large
