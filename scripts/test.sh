@@ -34,7 +34,8 @@
 #      SQL, isolation specs, the race, fleet, privilege, review-queue and
 #      verify suites (18: every suite of step 4's first list); a dump of
 #      the PostgreSQL 15 cluster restored into a non-preloading cluster of
-#      that major, and the engine and default-server suites there;
+#      that major, and the engine and default-server suites there; then
+#      pg_upgrade of a preloading 17 cluster with busy pools to 18;
 #   6. a third cluster like a managed server (pg_cron preloaded, the
 #      library never loaded): the SQL-only install script run by a
 #      non-superuser, the SQL-only suite and the engine, fleet, race,
@@ -226,6 +227,16 @@ for major in $others; do
     ALKBLOBS_PG_URL="$major_other_url" ALKBLOBS_PG_CA=$(major_other ca) cargo test -p alkblobs-tests --features pg --test pg_default_server --test pg_engines
     major_other stop
 done
+# pg_upgrade between the majors built here, oldest to newest (from Debian's
+# 15.20 no pg_upgrade gets through, for any database: docs/operations.md,
+# "Moving between majors"). The suite makes its two clusters itself.
+read -r -a upgrade_majors <<< "$others"
+if [ "${#upgrade_majors[@]}" -ge 2 ]; then
+    from=${upgrade_majors[0]} to=${upgrade_majors[-1]}
+    step "pg_upgrade of a preloading PostgreSQL $from cluster with busy pools to $to"
+    ALKBLOBS_PG_BIN_OLD="$(scripts/postgres.sh bindir "$from")" ALKBLOBS_PG_BIN_NEW="$(scripts/postgres.sh bindir "$to")" \
+        cargo test -p alkblobs-tests --features pg --test pg_upgrade
+fi
 
 step "a third cluster, like a managed server: pg_cron preloaded, the library never loaded; the SQL-only install run by a non-superuser with CREATEROLE, then the engine, fleet, race, privilege, liveness-registration, local-tier, argument and randomized suites against it"
 trap 'scripts/sql-only-cluster.sh stop >/dev/null 2>&1 || true; scripts/pg-cluster.sh stop >/dev/null 2>&1 || true' EXIT

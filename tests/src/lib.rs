@@ -81,6 +81,9 @@ pub mod gc_support;
 #[cfg(feature = "pg")]
 pub mod pg;
 
+#[cfg(feature = "pg")]
+pub mod copies;
+
 /// The blob of seed `seed` in the fleet race (sizes across both tiers at
 /// the default threshold: 100 B, 3 KB, 70 KB, 300 KB).
 pub fn fleet_value(seed: u64) -> Vec<u8> {
