@@ -34,12 +34,12 @@
 
 pub mod arbiter;
 pub mod backend;
-pub mod bao;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+mod integrity;
 mod key;
-pub mod outboard;
+mod offload;
 mod pager;
 #[cfg(feature = "postgres")]
 pub(crate) mod pg;
@@ -55,6 +55,7 @@ pub use arbiter::{
 };
 pub use backend::{Backend, BackendExt, Durability, LargeBackend, OpenMode, PutOutcome, Sharing};
 pub use error::{BoxError, Error, ErrorKind, Result, sqlstate_kind};
+pub use integrity::{bao, outboard};
 pub use key::{KEY_LEN, Key, KeyError};
 pub use store::{
     CorruptEntry, DirOptions, EntryMeta, Explanation, Put, PutInfo, PutMany, RangeCheck, Store,

@@ -15,7 +15,7 @@ MUTATIONS = [
     # read counts, not the first buffer only.
     M(id="local-digest-first-read-only",
       what="the blocking digest of a local file hashes its first 64 KiB read and stops (a blob damaged past it verifies clean)",
-      file="client/src/outboard.rs",
+      file="client/src/integrity/outboard.rs",
       find="                Ok(got) => builder.update(&buf[..got]),\n                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}",
       replace="                Ok(got) => {\n                    builder.update(&buf[..got]);\n                    break;\n                }\n                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}",
       kind="rust",

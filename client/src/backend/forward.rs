@@ -90,7 +90,7 @@ macro_rules! forward_backend {
                 &self,
                 key: &Key,
                 size_hint: u64,
-            ) -> Result<Option<crate::outboard::Digest>> {
+            ) -> Result<Option<crate::integrity::outboard::Digest>> {
                 (**self).digest(key, size_hint).await
             }
             async fn read_outboard(

@@ -177,7 +177,7 @@ impl LargeBackend for MemBackend {
         let Some(size) = self.read().get(key).map(|v| v.len() as u64) else {
             return Ok(None);
         };
-        if crate::outboard::outboard_len(size) == 0 {
+        if crate::integrity::outboard::outboard_len(size) == 0 {
             return Ok(Some(Bytes::new()));
         }
         let ob = self.outboards().get(key).cloned();

@@ -11,11 +11,9 @@
 //! third-party engine that ours pass.
 
 use std::fmt;
-use std::pin::Pin;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::io::AsyncRead;
 
 use crate::{Key, Result};
 
@@ -28,7 +26,6 @@ pub mod routed;
 #[cfg(feature = "s3")]
 pub mod s3;
 pub mod sqlite;
-pub(crate) mod verified;
 
 // The object generations a fleet's database hands a shared tier's puts:
 // the fleet arbiter (postgres) and the s3 engine share them.
@@ -61,8 +58,9 @@ pub(crate) fn scan_by_lookup<B: Backend + ?Sized>(b: &B, after: Option<Key>) -> 
         .boxed()
 }
 
-/// A reader over one blob's bytes.
-pub type BlobReader = Pin<Box<dyn AsyncRead + Send>>;
+pub use crate::integrity::BlobReader;
+pub(crate) use crate::integrity::clamp_range;
+pub(crate) use crate::offload::{blocking, inline};
 
 /// What a put found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -382,11 +380,17 @@ pub trait LargeBackend: Backend {
     ///   record).
     /// - The default streams [`LargeBackend::open_read`]; an engine whose
     ///   reads are system calls does the whole read in one blocking call.
-    async fn digest(&self, key: &Key, size_hint: u64) -> Result<Option<crate::outboard::Digest>> {
+    async fn digest(
+        &self,
+        key: &Key,
+        size_hint: u64,
+    ) -> Result<Option<crate::integrity::outboard::Digest>> {
         let Some(reader) = self.open_read(key).await? else {
             return Ok(None);
         };
-        Ok(Some(crate::outboard::digest_async(reader, size_hint).await))
+        Ok(Some(
+            crate::integrity::outboard::digest_async(reader, size_hint).await,
+        ))
     }
 
     /// Up to `len` bytes of `key`'s outboard from `offset` (clamped to its
@@ -515,73 +519,42 @@ pub trait BackendExt: Backend {
 
 impl<T: Backend + ?Sized> BackendExt for T {}
 
-/// The `[offset, offset+len)` window of a blob of `size` bytes, clamped to
-/// its end; a start past the end is [`crate::Error::InvalidRange`]. Every
-/// engine's ranged read answers by it.
-pub(crate) fn clamp_range(
-    key: &Key,
-    size: u64,
-    offset: u64,
-    len: u64,
-) -> Result<std::ops::Range<u64>> {
-    if offset > size {
-        return Err(crate::Error::InvalidRange {
-            key: *key,
-            offset,
-            size,
-        });
+/// Every large engine is what verification reads through.
+#[async_trait]
+impl<T: LargeBackend + ?Sized> crate::integrity::Source for T {
+    async fn size(&self, key: &Key) -> Result<Option<u64>> {
+        Backend::size(self, key).await
     }
-    Ok(offset..offset.saturating_add(len).min(size))
+    async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
+        LargeBackend::open_read(self, key).await
+    }
+    async fn read_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        LargeBackend::read_range(self, key, offset, len).await
+    }
+    async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+        LargeBackend::read_outboard(self, key, offset, len).await
+    }
+    async fn read_outboard_windows(
+        &self,
+        key: &Key,
+        windows: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Bytes>>> {
+        LargeBackend::read_outboard_windows(self, key, windows).await
+    }
+    fn outboard_floor(&self) -> u64 {
+        LargeBackend::outboard_floor(self)
+    }
+}
+
+/// `large` as verification reads it (`crate::integrity`).
+pub(crate) fn source(
+    large: &std::sync::Arc<dyn LargeBackend>,
+) -> std::sync::Arc<dyn crate::integrity::Source> {
+    std::sync::Arc::new(large.clone())
 }
 
 /// The `[offset, offset+len)` window of `value`, clamped to its end.
 pub(crate) fn slice_range(key: &Key, value: &Bytes, offset: u64, len: u64) -> Result<Bytes> {
     let r = clamp_range(key, value.len() as u64, offset, len)?;
     Ok(value.slice(r.start as usize..r.end as usize))
-}
-
-/// Runs blocking engine work without stalling the async workers.
-///
-/// On a multi-threaded tokio runtime this is `block_in_place`: the worker
-/// hands its queue to another thread and runs `f` itself, so a 4 µs SQLite
-/// read costs 4 µs rather than a 20 µs round trip to the blocking pool (see
-/// `docs/benchmarks.md`). Elsewhere (a current-thread runtime) `f` goes to
-/// the blocking pool. A panic in `f` becomes an engine error either way.
-pub(crate) async fn blocking<T, F>(engine: &str, f: F) -> Result<T>
-where
-    F: FnOnce() -> Result<T> + Send + 'static,
-    T: Send + 'static,
-{
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    let panicked =
-        |what: String| crate::Error::engine(engine, format!("blocking task failed: {what}"));
-    let multi =
-        Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
-    if multi {
-        inline(engine, || tokio::task::block_in_place(f))
-    } else {
-        match tokio::task::spawn_blocking(f).await {
-            Ok(r) => r,
-            Err(e) => Err(panicked(e.to_string())),
-        }
-    }
-}
-
-/// Runs `f` on the calling thread (an async worker, for point reads that
-/// cost a few microseconds; see the sqlite engine's `inline_reads`). A panic
-/// in `f` becomes an engine error, as in [`blocking`].
-pub(crate) fn inline<T>(engine: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(p) => Err(crate::Error::engine(
-            engine,
-            format!(
-                "read failed: {}",
-                p.downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic".into())
-            ),
-        )),
-    }
 }

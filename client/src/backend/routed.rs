@@ -25,8 +25,9 @@ use futures::TryStreamExt;
 use reqwest::{Method, StatusCode};
 use tokio::io::AsyncWriteExt;
 
-use super::verified::{range_verified, reader_verified};
 use super::{Backend, BlobReader, KeyStream, LargeBackend, PutOutcome, Sharing, StagedWrite};
+use crate::integrity::Source;
+use crate::integrity::verified::{range_verified, reader_verified};
 use crate::{Error, Key, Result};
 
 /// Keys one listing request returns.
@@ -93,7 +94,7 @@ struct Inner {
 pub struct RoutedBackend {
     inner: Arc<Inner>,
     /// The same node, unverified: what the verified reads read through.
-    raw: Arc<dyn LargeBackend>,
+    raw: Arc<dyn Source>,
 }
 
 /// The storage node's answers as they come, for the verifier to check.
@@ -294,15 +295,16 @@ impl Inner {
             Err(e) => return Err(e),
         };
         let k = *key;
-        let decoded =
-            tokio::task::spawn_blocking(move || crate::bao::decode(&k, size, want, &body[..]))
-                .await
-                .map_err(|e| {
-                    Error::engine(
-                        &self.display,
-                        format!("decoding a verified range failed: {e}"),
-                    )
-                })?;
+        let decoded = tokio::task::spawn_blocking(move || {
+            crate::integrity::bao::decode(&k, size, want, &body[..])
+        })
+        .await
+        .map_err(|e| {
+            Error::engine(
+                &self.display,
+                format!("decoding a verified range failed: {e}"),
+            )
+        })?;
         match decoded {
             Ok(b) => Ok(Bao::Bytes(b, size)),
             Err(e) => {
@@ -550,7 +552,7 @@ impl Backend for RoutedBackend {
     }
 
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
-        self.read_range(key, offset, len).await
+        LargeBackend::read_range(self, key, offset, len).await
     }
 }
 
@@ -599,45 +601,9 @@ impl LargeBackend for RoutedBackend {
 
 /// What the verifier reads through: the node's bytes and outboards as sent.
 #[async_trait]
-impl Backend for Raw {
-    fn name(&self) -> &str {
-        "routed"
-    }
-    fn sharing(&self) -> Sharing {
-        Sharing::Shared
-    }
-    async fn has(&self, key: &Key) -> Result<bool> {
-        Ok(self.0.size(key).await?.is_some())
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
-        self.0.window(key, "", 0, u64::MAX).await
-    }
-    async fn put(&self, key: &Key, value: Bytes) -> Result<PutOutcome> {
-        self.0.upload(key, reqwest::Body::from(value)).await
-    }
-    async fn delete(&self, _key: &Key) -> Result<Option<u64>> {
-        Err(refused(&self.0.display))
-    }
-    fn list(&self) -> KeyStream<'_> {
-        Box::pin(futures::stream::once(async {
-            Err(Error::engine(
-                &self.0.display,
-                "not listed through the raw reader",
-            ))
-        }))
-    }
+impl Source for Raw {
     async fn size(&self, key: &Key) -> Result<Option<u64>> {
         self.0.size(key).await
-    }
-}
-
-#[async_trait]
-impl LargeBackend for Raw {
-    async fn begin_write(&self) -> Result<Box<dyn StagedWrite + '_>> {
-        Err(Error::engine(
-            &self.0.display,
-            "the raw reader does not write",
-        ))
     }
     async fn open_read(&self, key: &Key) -> Result<Option<BlobReader>> {
         let r = self
@@ -661,11 +627,21 @@ impl LargeBackend for Raw {
     async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.0.window(key, "/outboard", offset, len).await
     }
-    async fn put_outboard(&self, _key: &Key, _outboard: Bytes) -> Result<bool> {
-        Err(Error::engine(
-            &self.0.display,
-            "the raw reader does not write",
-        ))
+    async fn read_outboard_windows(
+        &self,
+        key: &Key,
+        windows: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Bytes>>> {
+        let got = futures::future::try_join_all(
+            windows
+                .iter()
+                .map(|w| self.read_outboard(key, w.start, w.end - w.start)),
+        )
+        .await?;
+        Ok(got.into_iter().collect())
+    }
+    fn outboard_floor(&self) -> u64 {
+        0
     }
 }
 

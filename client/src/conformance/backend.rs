@@ -323,7 +323,7 @@ pub async fn streaming_writes(e: &Arc<dyn LargeBackend>, caps: Caps) {
         assert!(!e.has(&key).await.unwrap(), "visible before commit");
     }
     assert_eq!(w.written(), value.len() as u64);
-    let ob: Bytes = crate::outboard::of(&value).1.into();
+    let ob: Bytes = crate::integrity::outboard::of(&value).1.into();
     assert_eq!(
         w.commit(&key, ob.clone()).await.unwrap(),
         PutOutcome::Created
@@ -354,7 +354,7 @@ pub async fn outboards(e: &Arc<dyn LargeBackend>, caps: Caps) {
     // Above the engine's outboard floor (under it a blob has none).
     let floor = usize::try_from(e.outboard_floor()).unwrap_or(usize::MAX);
     let value = data(17, floor.saturating_add(1 << 20).min(caps.max_value));
-    let (key, ob) = crate::outboard::of(&value);
+    let (key, ob) = crate::integrity::outboard::of(&value);
     assert!(
         ob.len() >= 64,
         "a blob of several 16 KiB groups has parents"
@@ -395,7 +395,7 @@ pub async fn outboards(e: &Arc<dyn LargeBackend>, caps: Caps) {
     // An engine-level put stores none: the blob reads as one stored before
     // outboards, until one is put.
     let plain = data(18, 200_000.min(caps.max_value));
-    let (plain_key, plain_ob) = crate::outboard::of(&plain);
+    let (plain_key, plain_ob) = crate::integrity::outboard::of(&plain);
     e.put(&plain_key, Bytes::from(plain)).await.unwrap();
     assert!(
         read(&plain_key, 0, 64).await.is_none(),
@@ -438,7 +438,7 @@ pub async fn outboards(e: &Arc<dyn LargeBackend>, caps: Caps) {
     // outboard.
     if floor > 0 && floor <= caps.max_value {
         let small = data(19, floor);
-        let (small_key, small_ob) = crate::outboard::of(&small);
+        let (small_key, small_ob) = crate::integrity::outboard::of(&small);
         let mut w = e.begin_write().await.unwrap();
         w.write(Bytes::from(small)).await.unwrap();
         w.commit(&small_key, small_ob.into()).await.unwrap();
@@ -469,7 +469,7 @@ pub async fn streaming_reads(e: &Arc<dyn LargeBackend>, caps: Caps) {
 /// an engine reads in): the key, the length and the outboard are the
 /// bytes', and an absent key has none.
 pub async fn digests(e: &Arc<dyn LargeBackend>, caps: Caps) {
-    use crate::outboard::Digest;
+    use crate::integrity::outboard::Digest;
     for (i, n) in sizes(caps)
         .into_iter()
         .chain([(64 << 10) + 1, (1 << 20) + 3])
@@ -477,7 +477,7 @@ pub async fn digests(e: &Arc<dyn LargeBackend>, caps: Caps) {
         .enumerate()
     {
         let value = data(40 + i as u64, n);
-        let (key, outboard) = crate::outboard::of(&value);
+        let (key, outboard) = crate::integrity::outboard::of(&value);
         let _ = e.put(&key, Bytes::from(value)).await.unwrap();
         match e.digest(&key, n as u64).await.unwrap() {
             Some(Digest::Whole {

@@ -218,7 +218,11 @@ impl<E: LargeBackend + ?Sized> LargeBackend for FaultBackend<E> {
     async fn generation_size(&self, key: &Key, generation: u64) -> Result<Option<u64>> {
         self.inner.generation_size(key, generation).await
     }
-    async fn digest(&self, key: &Key, size_hint: u64) -> Result<Option<crate::outboard::Digest>> {
+    async fn digest(
+        &self,
+        key: &Key,
+        size_hint: u64,
+    ) -> Result<Option<crate::integrity::outboard::Digest>> {
         self.inner.digest(key, size_hint).await
     }
     async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {

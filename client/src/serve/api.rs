@@ -397,7 +397,9 @@ async fn get_bao(
             }
         },
     };
-    let enc = crate::bao::encode_entry(&s.store, &meta, range)
+    let enc = s
+        .store
+        .bao_encode_entry(&meta, range)
         .await?
         .ok_or(Error::NotFound { key })?;
     let mut out = HeaderMap::new();

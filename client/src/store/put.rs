@@ -10,13 +10,9 @@ use tracing::Instrument;
 
 use super::{CHUNK, Put, PutInfo, PutMany, Store, Tier};
 use crate::backend::{PutOutcome, StagedWrite};
-use crate::{Error, Key, Result, outboard};
-
-/// Above this size, hashing a buffer moves off the async worker threads.
-const HASH_INLINE_MAX: usize = 256 * 1024;
-
-/// From this size a buffer is hashed on rayon's threads (see [`hash`]).
-const HASH_PARALLEL_MIN: usize = 4 << 20;
+use crate::integrity::hash::{HASH_INLINE_MAX, hash, key_and_outboard};
+use crate::integrity::outboard;
+use crate::{Error, Key, Result};
 
 /// Reads up to one [`CHUNK`] (less only at the end of the stream).
 async fn read_chunk<R: AsyncRead + Unpin>(reader: &mut R) -> std::io::Result<BytesMut> {
@@ -31,39 +27,6 @@ async fn read_chunk<R: AsyncRead + Unpin>(reader: &mut R) -> std::io::Result<Byt
         }
     }
     Ok(buf)
-}
-
-/// Hashes a buffer, off the async workers when it is big.
-pub(crate) async fn hash(bytes: &Bytes) -> Key {
-    if bytes.len() <= HASH_INLINE_MAX {
-        return Key::of(bytes);
-    }
-    let b = bytes.clone();
-    match tokio::task::spawn_blocking(move || key_of_big(&b)).await {
-        Ok(k) => k,
-        Err(_) => Key::of(bytes),
-    }
-}
-
-/// The key and outboard of a large-tier buffer, off the async workers.
-async fn key_and_outboard(bytes: &Bytes) -> (Key, Bytes) {
-    let b = bytes.clone();
-    let (key, ob) = match tokio::task::spawn_blocking(move || outboard::of(&b)).await {
-        Ok(done) => done,
-        Err(_) => outboard::of(bytes),
-    };
-    (key, ob.into())
-}
-
-/// The key of a big buffer, on every core from [`HASH_PARALLEL_MIN`]
-/// (BLAKE3's tree splits it): an object store's put waits for the key
-/// before its first byte goes out. Blocks; call it off the async workers.
-fn key_of_big(bytes: &[u8]) -> Key {
-    if bytes.len() >= HASH_PARALLEL_MIN {
-        Key::from_hash(blake3::Hasher::new().update_rayon(bytes).finalize())
-    } else {
-        Key::of(bytes)
-    }
 }
 
 impl Store {

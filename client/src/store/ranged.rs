@@ -1,16 +1,23 @@
 //! Verified ranged reads of the store: a kv value verified whole (it is
 //! at most the threshold), a large blob's range through its BLAKE3 outboard
-//! (`backend/verified.rs`, which the `routed` engine reads through too),
-//! and whether a blob's ranges verify without reading it whole.
+//! (`integrity/verified.rs`, which the `routed` engine reads through too),
+//! whether a blob's ranges verify without reading it whole, and a range's
+//! bao encoding (`integrity/bao`) for `serve`.
 
 use bytes::Bytes;
 use tracing::Instrument;
 
 use super::{Store, Tier};
-use crate::backend::BlobReader;
-use crate::backend::verified::{range_verified, reader_verified};
-use crate::outboard;
-use crate::{Error, Key, Result};
+use futures::StreamExt;
+
+use crate::backend::{BlobReader, source};
+use crate::integrity::bao::{
+    Encoded,
+    encode::{encode_bytes, encode_stream},
+};
+use crate::integrity::outboard;
+use crate::integrity::verified::{range_verified, reader_verified};
+use crate::{EntryMeta, Error, Key, Result};
 
 /// Whether a large blob's ranges can be verified without reading it whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -48,7 +55,7 @@ impl Store {
                 return self.kv_range_verified(key, v, offset, len).await.map(Some);
             }
             let found = match self.large() {
-                Some(large) => range_verified(large, key, offset, len, false).await?,
+                Some(large) => range_verified(&source(large), key, offset, len, false).await?,
                 None => None,
             };
             if found.is_none() {
@@ -62,7 +69,7 @@ impl Store {
 
     /// A kv value verified whole (it is at most the threshold), then sliced.
     async fn kv_range_verified(&self, key: &Key, v: Bytes, offset: u64, len: u64) -> Result<Bytes> {
-        let actual = super::put::hash(&v).await;
+        let actual = crate::integrity::hash::hash(&v).await;
         if actual != *key {
             return Err(Error::Corrupt {
                 key: *key,
@@ -91,7 +98,7 @@ impl Store {
             return Ok(Some(Box::pin(std::io::Cursor::new(v))));
         }
         let found = match self.large() {
-            Some(large) => reader_verified(large, key, offset, len).await?,
+            Some(large) => reader_verified(&source(large), key, offset, len).await?,
             None => None,
         };
         if found.is_none() {
@@ -121,5 +128,63 @@ impl Store {
             Ok(None) | Err(Error::InvalidRange { .. }) => RangeCheck::WholeBlob,
             Err(e) => return Err(e),
         }))
+    }
+
+    /// The bao encoding of `range` (clamped to the blob's end) of `key`,
+    /// or `None` if the store holds no such blob (see [`crate::bao`]): what
+    /// a client decodes with [`crate::bao::decode`], checking every byte
+    /// against the key. A kv-tier blob is encoded from its bytes; a large
+    /// one streamed from its engine, a page at a time.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRange`] when the range starts past the blob's end;
+    /// the store's errors.
+    pub async fn bao_encode(
+        &self,
+        key: &Key,
+        range: std::ops::Range<u64>,
+    ) -> Result<Option<Encoded>> {
+        match self.stat(key).await? {
+            Some(meta) => self.bao_encode_entry(&meta, range).await,
+            None => Ok(None),
+        }
+    }
+
+    /// [`Store::bao_encode`] for an entry already looked up
+    /// ([`Store::stat`]), which a caller that checked the range against
+    /// its size has: no second lookup. `None` if it was deleted since.
+    pub async fn bao_encode_entry(
+        &self,
+        meta: &EntryMeta,
+        range: std::ops::Range<u64>,
+    ) -> Result<Option<Encoded>> {
+        let (key, size) = (&meta.key, meta.size);
+        if range.start > size {
+            return Err(Error::InvalidRange {
+                key: *key,
+                offset: range.start,
+                size,
+            });
+        }
+        let range = range.start..range.end.clamp(range.start, size);
+        let body = match (meta.tier, self.large()) {
+            (Tier::Large, Some(large)) => {
+                let rx = encode_stream(source(large), *key, size, range.clone()).await?;
+                futures::stream::unfold(
+                    rx,
+                    |mut rx| async move { rx.recv().await.map(|x| (x, rx)) },
+                )
+                .boxed()
+            }
+            _ => {
+                let Some(bytes) = self.get(key).await? else {
+                    return Ok(None);
+                };
+                let (b, r) = (bytes, range.clone());
+                let enc = crate::offload::blocking("bao", move || encode_bytes(&b, r)).await?;
+                futures::stream::once(async move { Ok(Bytes::from(enc)) }).boxed()
+            }
+        };
+        Ok(Some(Encoded { size, range, body }))
     }
 }

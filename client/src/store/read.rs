@@ -88,7 +88,7 @@ impl Store {
             return Ok(None);
         };
         // Off the async workers, on every core when big.
-        let actual = super::put::hash(&v).await;
+        let actual = crate::integrity::hash::hash(&v).await;
         if actual != *key {
             return Err(Error::Corrupt {
                 key: *key,

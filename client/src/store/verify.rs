@@ -10,9 +10,9 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
-use super::put::hash;
 use super::{Store, Tier};
 use crate::backend::{Backend, BlobReader};
+use crate::integrity::hash::hash;
 use crate::record::{AbandonedUpload, Held, PoolRecord, Record};
 use crate::{Error, Key, Result, outboard};
 

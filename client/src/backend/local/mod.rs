@@ -526,11 +526,15 @@ impl LargeBackend for LocalBackend {
     /// scrub of 1 MiB files 0.55× read + BLAKE3; see `docs/benchmarks.md`).
     /// On the blocking pool, not in place: `verify --jobs` runs several
     /// at once in one task, and they should use every core.
-    async fn digest(&self, key: &Key, _size_hint: u64) -> Result<Option<crate::outboard::Digest>> {
+    async fn digest(
+        &self,
+        key: &Key,
+        _size_hint: u64,
+    ) -> Result<Option<crate::integrity::outboard::Digest>> {
         let inner = self.inner.clone();
         let path = self.inner.path_of(key);
         let read = tokio::task::spawn_blocking(move || match File::open(&path) {
-            Ok(mut f) => Ok(Some(crate::outboard::digest_sync(&mut f))),
+            Ok(mut f) => Ok(Some(crate::integrity::outboard::digest_sync(&mut f))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(inner.err(LocalError::UnableToRead { path, source })),
         });

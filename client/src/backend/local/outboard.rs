@@ -91,7 +91,7 @@ impl Inner {
             Ok(None) => return Ok(None),
             Err(source) => return Err(self.err(LocalError::UnableToRead { path: blob, source })),
         };
-        if crate::outboard::outboard_len(size) == 0 {
+        if crate::integrity::outboard::outboard_len(size) == 0 {
             return Ok(Some(windows.iter().map(|_| Bytes::new()).collect()));
         }
         let path = self.outboard_path(key);

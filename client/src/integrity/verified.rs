@@ -21,8 +21,8 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::io::AsyncReadExt;
 use tokio::sync::OnceCell;
 
-use super::{BlobReader, LargeBackend, clamp_range};
-use crate::outboard::{self, GroupHash, Mismatch, PAIR};
+use super::{BlobReader, Source, clamp_range};
+use crate::integrity::outboard::{self, GroupHash, Mismatch, PAIR};
 use crate::{Error, Key, Result};
 
 /// Bytes one step of a verified stream reads and checks (a whole number
@@ -48,7 +48,7 @@ const CHUNK: usize = 1 << 20;
 
 /// One large blob being read verified.
 struct Verifier {
-    large: Arc<dyn LargeBackend>,
+    large: Arc<dyn Source>,
     key: Key,
     size: u64,
     /// The outboard computed from the whole blob, once the stored one
@@ -150,7 +150,7 @@ impl Verifier {
             return Ok((data, cvs));
         }
         let d = data.clone();
-        let cvs = crate::backend::blocking("blake3", move || {
+        let cvs = crate::offload::blocking("blake3", move || {
             Ok(outboard::hash_groups(&plan, &d, want >= RAYON_FROM))
         })
         .await?;
@@ -169,11 +169,7 @@ impl Verifier {
 
 /// The outboard of the whole blob `key` (`size` bytes) on `large`,
 /// streamed through the builder once and checked against the key.
-pub(crate) async fn computed_outboard(
-    large: &dyn LargeBackend,
-    key: &Key,
-    size: u64,
-) -> Result<Bytes> {
+pub(crate) async fn computed_outboard(large: &dyn Source, key: &Key, size: u64) -> Result<Bytes> {
     let (k, ob, n) = outboard_of_stream(large, key, size).await?;
     if k != *key || n != size {
         return Err(Error::Corrupt {
@@ -188,7 +184,7 @@ pub(crate) async fn computed_outboard(
 /// The stored outboard's `want` windows, with their offsets: `None` when
 /// there is none or it is shorter than the tree.
 async fn stored_windows(
-    large: &dyn LargeBackend,
+    large: &dyn Source,
     key: &Key,
     want: &[Range<u64>],
 ) -> Result<Option<Vec<(u64, Bytes)>>> {
@@ -206,7 +202,7 @@ async fn stored_windows(
 /// At most `size + 1` bytes are read: an engine that sends more (a lying
 /// node streaming forever) is cut off there and fails the key check.
 async fn outboard_of_stream(
-    large: &dyn LargeBackend,
+    large: &dyn Source,
     key: &Key,
     size: u64,
 ) -> Result<(Key, Vec<u8>, u64)> {
@@ -257,7 +253,7 @@ fn walk(
 }
 
 /// `key`'s verifier over `large`, or `None` if it holds no such blob.
-async fn verifier(large: &Arc<dyn LargeBackend>, key: &Key) -> Result<Option<Verifier>> {
+async fn verifier(large: &Arc<dyn Source>, key: &Key) -> Result<Option<Verifier>> {
     let Some(size) = large.size(key).await? else {
         return Ok(None);
     };
@@ -275,7 +271,7 @@ async fn verifier(large: &Arc<dyn LargeBackend>, key: &Key) -> Result<Option<Ver
 /// allocation: `routed`), read and checked 4 MiB at a time; else in one
 /// read, one check.
 pub(crate) async fn range_verified(
-    large: &Arc<dyn LargeBackend>,
+    large: &Arc<dyn Source>,
     key: &Key,
     offset: u64,
     len: u64,
@@ -306,7 +302,7 @@ pub(crate) async fn range_verified(
 /// A reader yielding only verified bytes of `key` on `large` (see
 /// `Store::open_range_verified`).
 pub(crate) async fn reader_verified(
-    large: &Arc<dyn LargeBackend>,
+    large: &Arc<dyn Source>,
     key: &Key,
     offset: u64,
     len: u64,

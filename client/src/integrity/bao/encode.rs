@@ -1,136 +1,25 @@
-//! Verified streaming: a byte range of a blob in BLAKE3's tree encoding
-//! ("bao"), so a client checks every byte it receives against the key as
-//! it arrives, trusting neither the server nor the network.
-//!
-//! The encoding is `bao-tree`'s (iroh-blobs speaks it too), with the
-//! outboard's 16 KiB chunk groups ([`crate::outboard`]): in the tree's pre
-//! order, each parent node on the way to the requested chunks as its two
-//! children's chaining values (64 bytes), and each chunk group the range
-//! touches as its bytes (a group the range covers only partly as the
-//! chunks it needs with the pairs above them inside the group). Decoding
-//! needs the key, the blob's size and the range asked for: the stream
-//! carries nothing else.
-//!
-//! The ranges encoded are the 1 KiB chunks covering the byte range, and
-//! always the blob's last chunk: BLAKE3 hashes a chunk with its position
-//! and length, so the last chunk verifying proves the size a server
-//! claimed (a smaller or larger size changes the tree). That costs at most
-//! one chunk and one path of pairs.
-//!
-//! - [`chunk_ranges`]: what a range encodes, for both sides.
-//! - [`decode`]: a client's side, for any [`std::io::Read`].
-//! - `alkblobs serve` answers `GET /blobs/{key}/bao?range=START-END` with
-//!   it (`encode_stream`, streamed, in bounded memory).
+//! The server's side of verified streaming: a blob's range encoded from
+//! its bytes (a kv-tier blob, held whole) or streamed a page at a time
+//! from a [`Source`] (a large one), every pair and group checked against
+//! the key before it is sent.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+use bao_tree::io::EncodeError;
 use bao_tree::io::outboard::PostOrderOutboard;
-use bao_tree::io::sync::{DecodeResponseIter, ReadAt, encode_ranges_validated};
-use bao_tree::io::{BaoContentItem, DecodeError, EncodeError};
-use bao_tree::{ChunkNum, ChunkRanges};
+use bao_tree::io::sync::{ReadAt, encode_ranges_validated};
 use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
 
-use crate::backend::LargeBackend;
-use crate::outboard::{self, PAIR};
+use super::chunk_ranges;
+use crate::integrity::Source;
+use crate::integrity::outboard::{self, PAIR};
 use crate::{Error, Key, Result};
-
-/// The media type of an encoded response.
-pub const MEDIA_TYPE: &str = "application/x-bao";
-
-/// The chunks the encoding of `range` (bytes, clamped to the blob) of a
-/// blob of `size` bytes carries: those covering the range, and the last
-/// chunk (which binds the size).
-pub fn chunk_ranges(size: u64, range: Range<u64>) -> ChunkRanges {
-    let end = range.end.min(size);
-    let start = range.start.min(end);
-    let last = ChunkNum::chunks(size).0.saturating_sub(1);
-    let mut r = ChunkRanges::from(ChunkNum(last)..ChunkNum(last + 1));
-    if start < end {
-        r |= ChunkRanges::from(ChunkNum::full_chunks(start)..ChunkNum::chunks(end));
-    }
-    r
-}
-
-/// Decodes `encoded`, the encoding of `range` of the blob `key` of `size`
-/// bytes, checking every pair and chunk against the key as it is read,
-/// and returns the range's bytes.
-///
-/// # Errors
-/// - [`Error::CorruptAt`] (engine `"bao stream"`) at the first byte that
-///   does not verify: a flipped byte, another blob's bytes, a wrong size,
-///   a stream cut short, or bytes after its end;
-/// - [`Error::InvalidRange`] when `range` starts past `size`;
-/// - [`Error::Input`] when reading `encoded` fails.
-///
-/// Memory is the range's length, whatever the stream sends.
-pub fn decode(key: &Key, size: u64, range: Range<u64>, mut encoded: impl Read) -> Result<Bytes> {
-    if range.start > size {
-        return Err(Error::InvalidRange {
-            key: *key,
-            offset: range.start,
-            size,
-        });
-    }
-    let want = range.start..range.end.min(size).max(range.start);
-    let ranges = chunk_ranges(size, want.clone());
-    let root = bao_tree::blake3::Hash::from_bytes(*key.as_bytes());
-    let corrupt = |offset: u64| Error::CorruptAt {
-        key: *key,
-        engine: "bao stream".into(),
-        offset,
-    };
-    let mut out = BytesMut::zeroed((want.end - want.start) as usize);
-    let items = DecodeResponseIter::new(root, outboard::tree(size), &mut encoded, &ranges);
-    for item in items {
-        match item {
-            Ok(BaoContentItem::Parent(_)) => {}
-            Ok(BaoContentItem::Leaf(leaf)) => {
-                let at = leaf.offset;
-                let from = at.max(want.start);
-                let to = (at + leaf.data.len() as u64).min(want.end);
-                if from < to {
-                    out[(from - want.start) as usize..(to - want.start) as usize]
-                        .copy_from_slice(&leaf.data[(from - at) as usize..(to - at) as usize]);
-                }
-            }
-            Err(DecodeError::Io(e)) if e.kind() != io::ErrorKind::UnexpectedEof => {
-                return Err(Error::Input {
-                    what: "a bao stream".into(),
-                    source: e,
-                });
-            }
-            Err(e) => return Err(corrupt(decode_error_offset(&e, want.start))),
-        }
-    }
-    // Nothing may follow the encoding.
-    let mut extra = [0u8; 1];
-    match encoded.read(&mut extra) {
-        Ok(0) => Ok(out.freeze()),
-        Ok(_) => Err(corrupt(size)),
-        Err(e) => Err(Error::Input {
-            what: "a bao stream".into(),
-            source: e,
-        }),
-    }
-}
-
-/// The first byte a decoding error concerns.
-fn decode_error_offset(e: &DecodeError, otherwise: u64) -> u64 {
-    match e {
-        DecodeError::ParentNotFound(n) | DecodeError::ParentHashMismatch(n) => {
-            n.chunk_range().start.to_bytes()
-        }
-        DecodeError::LeafNotFound(c) | DecodeError::LeafHashMismatch(c) => c.to_bytes(),
-        DecodeError::Io(_) => otherwise,
-    }
-}
 
 /// A blob's encoded range, streaming.
 pub struct Encoded {
-    /// The blob's size (what [`decode`] needs besides the key and range).
+    /// The blob's size (what [`super::decode`] needs besides the key and range).
     pub size: u64,
     /// The byte range encoded: the one asked for, clamped to the blob.
     pub range: Range<u64>,
@@ -148,58 +37,8 @@ impl std::fmt::Debug for Encoded {
     }
 }
 
-/// The encoding of `range` (clamped to the blob's end) of `key` in
-/// `store`, or `None` if the store holds no such blob. A kv-tier blob is
-/// encoded from its (verified) bytes; a large one streamed from its
-/// engine (`encode_stream`).
-///
-/// # Errors
-/// [`Error::InvalidRange`] when the range starts past the blob's end;
-/// the store's errors.
-pub async fn encode(store: &crate::Store, key: &Key, range: Range<u64>) -> Result<Option<Encoded>> {
-    match store.stat(key).await? {
-        Some(meta) => encode_entry(store, &meta, range).await,
-        None => Ok(None),
-    }
-}
-
-/// [`encode`] for an entry already looked up (`Store::stat`), which a
-/// caller that checked the range against its size has: no second lookup.
-/// `None` if it was deleted since.
-pub async fn encode_entry(
-    store: &crate::Store,
-    meta: &crate::EntryMeta,
-    range: Range<u64>,
-) -> Result<Option<Encoded>> {
-    let (key, size) = (&meta.key, meta.size);
-    if range.start > size {
-        return Err(Error::InvalidRange {
-            key: *key,
-            offset: range.start,
-            size,
-        });
-    }
-    let range = range.start..range.end.clamp(range.start, size);
-    let body = match (meta.tier, store.large()) {
-        (crate::Tier::Large, Some(large)) => {
-            let rx = encode_stream(large.clone(), *key, size, range.clone()).await?;
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
-                .boxed()
-        }
-        _ => {
-            let Some(bytes) = store.get(key).await? else {
-                return Ok(None);
-            };
-            let (b, r) = (bytes, range.clone());
-            let enc = crate::backend::blocking("bao", move || encode_bytes(&b, r)).await?;
-            futures::stream::once(async move { Ok(Bytes::from(enc)) }).boxed()
-        }
-    };
-    Ok(Some(Encoded { size, range, body }))
-}
-
 /// The encoding of `range` of `bytes` (a blob held whole: the kv tier's).
-fn encode_bytes(bytes: &[u8], range: Range<u64>) -> Result<Vec<u8>> {
+pub(crate) fn encode_bytes(bytes: &[u8], range: Range<u64>) -> Result<Vec<u8>> {
     let size = bytes.len() as u64;
     let (key, ob) = outboard::of(bytes);
     let ob = PostOrderOutboard {
@@ -230,8 +69,8 @@ const SEND: usize = 256 << 10;
 /// whole once (as verified reads do). Damage found while encoding ends the
 /// stream with an error (the response is cut short, never completed with
 /// bad bytes) and is logged.
-async fn encode_stream(
-    large: Arc<dyn LargeBackend>,
+pub(crate) async fn encode_stream(
+    large: Arc<dyn Source>,
     key: Key,
     size: u64,
     range: Range<u64>,
@@ -254,7 +93,7 @@ async fn encode_stream(
         None
     } else {
         tracing::info!(%key, engine = %large, "no stored outboard: computing one for a bao response (alkblobs verify --repair-outboards stores it)");
-        Some(crate::backend::verified::computed_outboard(large.as_ref(), &key, size).await?)
+        Some(crate::integrity::verified::computed_outboard(large.as_ref(), &key, size).await?)
     };
     let handle = tokio::runtime::Handle::current();
     let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -281,8 +120,8 @@ async fn encode_stream(
     };
     let data = Paged::new(size, DATA_PAGE, 2, fetch(false));
     let ob_data = match computed {
-        Some(b) => Source::Mem(b),
-        None => Source::Paged(Paged::new(
+        Some(b) => Outboard::Mem(b),
+        None => Outboard::Paged(Paged::new(
             ob_len,
             OUTBOARD_PAGE,
             OUTBOARD_PAGES,
@@ -428,24 +267,25 @@ impl bao_tree::io::sync::Size for Paged {
 }
 
 /// An outboard read through the engine, or computed and held whole.
-enum Source {
+enum Outboard {
     Paged(Paged),
     Mem(Bytes),
 }
 
-impl ReadAt for Source {
+impl ReadAt for Outboard {
     fn read_at(&self, pos: u64, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Source::Paged(p) => p.read_at(pos, buf),
-            Source::Mem(b) => b.as_ref().read_at(pos, buf),
+            Outboard::Paged(p) => p.read_at(pos, buf),
+            Outboard::Mem(b) => b.as_ref().read_at(pos, buf),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::decode;
     use super::*;
-    use crate::backend::{Backend, mem::MemBackend};
+    use crate::integrity::BlobReader;
     use proptest::prelude::*;
 
     /// `n` bytes no window of which repeats.
@@ -458,21 +298,79 @@ mod tests {
         v
     }
 
-    /// A mem engine holding `bytes` (with its outboard unless `bare`).
-    async fn engine(bytes: &[u8], bare: bool) -> (Arc<dyn LargeBackend>, MemBackend, Key) {
-        let mem = MemBackend::new();
-        let (key, ob) = outboard::of(bytes);
-        Backend::put(&mem, &key, Bytes::copy_from_slice(bytes))
-            .await
-            .unwrap();
-        if !bare {
-            mem.put_outboard(&key, Bytes::from(ob)).await.unwrap();
+    /// One blob and its stored outboard, as an engine would hand them out
+    /// (either can be damaged).
+    struct Held(Mutex<(Bytes, Option<Bytes>)>);
+
+    impl std::fmt::Display for Held {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("held")
         }
-        (Arc::new(mem.clone()), mem, key)
+    }
+
+    impl Held {
+        fn bytes(&self) -> Bytes {
+            self.0.lock().unwrap().0.clone()
+        }
+        fn set_bytes(&self, b: Bytes) {
+            self.0.lock().unwrap().0 = b;
+        }
+        fn set_outboard(&self, b: Bytes) {
+            self.0.lock().unwrap().1 = Some(b);
+        }
+    }
+
+    fn window(b: &Bytes, offset: u64, len: u64) -> Result<Bytes> {
+        let r = crate::integrity::clamp_range(&Key::of(b""), b.len() as u64, offset, len)?;
+        Ok(b.slice(r.start as usize..r.end as usize))
+    }
+
+    #[async_trait::async_trait]
+    impl Source for Held {
+        async fn size(&self, _key: &Key) -> Result<Option<u64>> {
+            Ok(Some(self.bytes().len() as u64))
+        }
+        async fn open_read(&self, _key: &Key) -> Result<Option<BlobReader>> {
+            Ok(Some(Box::pin(std::io::Cursor::new(self.bytes()))))
+        }
+        async fn read_range(&self, _key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+            window(&self.bytes(), offset, len).map(Some)
+        }
+        async fn read_outboard(&self, _key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
+            let ob = self.0.lock().unwrap().1.clone();
+            ob.map(|ob| window(&ob, offset, len)).transpose()
+        }
+        async fn read_outboard_windows(
+            &self,
+            key: &Key,
+            windows: &[Range<u64>],
+        ) -> Result<Option<Vec<Bytes>>> {
+            let mut out = Vec::new();
+            for w in windows {
+                match self.read_outboard(key, w.start, w.end - w.start).await? {
+                    Some(b) => out.push(b),
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(out))
+        }
+        fn outboard_floor(&self) -> u64 {
+            0
+        }
+    }
+
+    /// A source holding `bytes` (with its outboard unless `bare`).
+    async fn engine(bytes: &[u8], bare: bool) -> (Arc<dyn Source>, Arc<Held>, Key) {
+        let (key, ob) = outboard::of(bytes);
+        let held = Arc::new(Held(Mutex::new((
+            Bytes::copy_from_slice(bytes),
+            (!bare).then(|| Bytes::from(ob)),
+        ))));
+        (held.clone(), held, key)
     }
 
     async fn streamed(
-        large: Arc<dyn LargeBackend>,
+        large: Arc<dyn Source>,
         key: Key,
         size: u64,
         r: Range<u64>,
@@ -620,7 +518,7 @@ mod tests {
         let (large, mem, key) = engine(&bytes, false).await;
         let mut bad = bytes.clone();
         bad[200_000] ^= 1;
-        mem.corrupt_for_test(&key, Bytes::from(bad));
+        mem.set_bytes(Bytes::from(bad));
         assert!(streamed(large.clone(), key, size, 0..size).await.is_err());
         // Away from the damage, a range still encodes.
         let ok = streamed(large, key, size, 0..1000).await.unwrap();
@@ -632,7 +530,7 @@ mod tests {
         let (large, mem, key) = engine(&bytes, false).await;
         let (_, mut ob) = outboard::of(&bytes);
         ob[0] ^= 1;
-        mem.put_outboard(&key, Bytes::from(ob)).await.unwrap();
+        mem.set_outboard(Bytes::from(ob));
         assert!(streamed(large, key, size, 0..size).await.is_err());
     }
 }
