@@ -237,6 +237,64 @@ fn main() {
         &mut a,
         &mut b,
     );
+
+    // verify of 48 blobs of 1 MiB in a store of their own, against GET +
+    // BLAKE3 of the same objects, two at a time (verify's default jobs).
+    let vloc = S3Location::new(&bucket, &format!("{run}/verify")).unwrap();
+    let vstore = rt
+        .block_on(Store::open_dir_with(
+            dir.path().join("verify"),
+            DirOptions::new().large_s3(S3Options::new(vloc)),
+        ))
+        .unwrap();
+    let count = 48u64;
+    let mut vkeys = Vec::new();
+    for _ in 0..count {
+        vkeys.push(rt.block_on(vstore.put(fresh(1 << 20))).unwrap().key);
+    }
+    let paths: Vec<Path> = vkeys
+        .iter()
+        .map(|k| {
+            let hex = k.to_string();
+            Path::from(format!("{run}/verify/blobs/{}/{hex}", &hex[..2]))
+        })
+        .collect();
+    header("verify of 48 s3 blobs of 1 MiB (embedded, Garage) vs GET + BLAKE3 of every object");
+    let mut a = |lat: &mut Lat| {
+        let r = lat.time(|| rt.block_on(vstore.verify()).unwrap());
+        assert!(r.is_clean() && r.checked == count, "{r:?}");
+        (count, r.bytes)
+    };
+    let mut b = |lat: &mut Lat| {
+        lat.time(|| {
+            rt.block_on(async {
+                use futures::StreamExt;
+                let got: Vec<u64> = futures::stream::iter(paths.iter().zip(&vkeys))
+                    .map(|(p, k)| {
+                        let s = raw.clone();
+                        async move {
+                            let v = s.get(p).await.unwrap().bytes().await.unwrap();
+                            assert_eq!(blake3::hash(&v).as_bytes(), k.as_bytes());
+                            v.len() as u64
+                        }
+                    })
+                    .buffer_unordered(2)
+                    .collect()
+                    .await;
+                (got.len() as u64, got.iter().sum())
+            })
+        })
+    };
+    paired(
+        "verify s3 objects",
+        "alkblobs verify",
+        "GET + BLAKE3",
+        rounds(5),
+        &mut a,
+        &mut b,
+    );
+    rt.block_on(vstore.close()).unwrap();
+
     probes.take("after s3", dir.path());
     probes.verdict();
 }

@@ -143,9 +143,11 @@ fn main() {
     rt.block_on(store.close()).unwrap();
     probes.take("after local", dir.path());
 
-    // 3. A PostgreSQL pool on pg-lo, where a server is given.
+    // 3. PostgreSQL pools on pg-lo and on local files, where a server is
+    // given.
     if let Ok(url) = std::env::var("ALKBLOBS_PG_URL") {
         pg_lo(&rt, &url);
+        pg_local(&rt, &url, &dir.path().join("pg-local"));
     }
     probes.verdict();
 }
@@ -207,6 +209,70 @@ fn pg_lo(rt: &tokio::runtime::Runtime, url: &str) {
         "verify pg-lo",
         "alkblobs verify",
         "lo_get + BLAKE3",
+        rounds(5),
+        &mut a,
+        &mut b,
+    );
+    rt.block_on(store.close()).unwrap();
+}
+
+/// A single-instance pool whose large tier is local files: verify walks
+/// the pool's record (an entry per blob) and reads each file, against
+/// read + BLAKE3 of the same files.
+fn pg_local(rt: &tokio::runtime::Runtime, url: &str, large: &std::path::Path) {
+    use alkblobs::store::postgres::{PgLarge, PostgresOptions};
+    let (c, conn) = rt
+        .block_on(tokio_postgres::connect(url, tokio_postgres::NoTls))
+        .unwrap();
+    rt.spawn(conn);
+    let pool = format!("bench-verify-local-{}", std::process::id());
+    rt.block_on(c.execute(
+        "SELECT alkblobs_create_pool($1, large_tier => 'local', single_instance => true)",
+        &[&pool],
+    ))
+    .unwrap();
+    let store = rt
+        .block_on(Store::open_postgres(
+            PostgresOptions::new(url, &pool)
+                .large(PgLarge::Local(large.to_owned()))
+                .threshold(1024),
+        ))
+        .unwrap();
+    let count = 48u64;
+    for i in 0..count {
+        let _ = rt
+            .block_on(store.put(data(3_000_000 + i, 1 << 20)))
+            .unwrap();
+    }
+    let mut paths = Vec::new();
+    files(large, &mut paths);
+    assert_eq!(paths.len() as u64, count, "{paths:?}");
+    header(
+        "verify of 48 local blobs of 1 MiB (single-instance pool on local) vs read + BLAKE3 of every file",
+    );
+    let mut a = |lat: &mut Lat| {
+        let r = lat.time(|| rt.block_on(store.verify()).unwrap());
+        assert!(r.is_clean() && r.checked == count, "{r:?}");
+        (count, r.bytes)
+    };
+    let mut b = |lat: &mut Lat| {
+        lat.time(|| {
+            let mut bytes = 0u64;
+            for p in &paths {
+                let v = std::fs::read(p).unwrap();
+                assert_eq!(
+                    blake3::hash(&v).to_hex().as_str(),
+                    p.file_name().unwrap().to_str().unwrap()
+                );
+                bytes += v.len() as u64;
+            }
+            (count, bytes)
+        })
+    };
+    paired(
+        "verify pool on local",
+        "alkblobs verify",
+        "read + BLAKE3",
         rounds(5),
         &mut a,
         &mut b,
