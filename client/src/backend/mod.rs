@@ -374,10 +374,10 @@ pub trait LargeBackend: Backend {
     /// recorded size, for the read buffer.
     ///
     /// # Behavior
-    /// - A read that fails midway is [`crate::outboard::Digest::Unreadable`]
-    ///   (the blob is damaged), not an error; an error is the engine's,
-    ///   before any byte ([`crate::Error::Lost`] for content gone behind a
-    ///   record).
+    /// - A read that fails, at its first byte or midway, is
+    ///   [`crate::outboard::Digest::Unreadable`] (the blob is damaged), not
+    ///   an error; an error is the engine's, before the read starts (the
+    ///   open: [`crate::Error::Lost`] for content gone behind a record).
     /// - The default streams [`LargeBackend::open_read`]; an engine whose
     ///   reads are system calls does the whole read in one blocking call.
     async fn digest(

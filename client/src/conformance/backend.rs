@@ -353,6 +353,13 @@ pub async fn streaming_writes(e: &Arc<dyn LargeBackend>, caps: Caps) {
 pub async fn outboards(e: &Arc<dyn LargeBackend>, caps: Caps) {
     // Above the engine's outboard floor (under it a blob has none).
     let floor = usize::try_from(e.outboard_floor()).unwrap_or(usize::MAX);
+    // Verification reads the engine through `integrity::Source`: the
+    // engine's own floor, not a default.
+    assert_eq!(
+        crate::backend::source(e).outboard_floor(),
+        e.outboard_floor(),
+        "{e}: the floor verification sees"
+    );
     let value = data(17, floor.saturating_add(1 << 20).min(caps.max_value));
     let (key, ob) = crate::integrity::outboard::of(&value);
     assert!(

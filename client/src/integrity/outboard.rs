@@ -256,8 +256,10 @@ where
 
 /// The same on the calling thread, which it blocks: for an engine whose
 /// reads are system calls (local files), one blocking call per blob
-/// instead of a hop to the blocking pool per read. The buffer is one per
-/// thread, kept: a fresh 1 MiB per blob costs its page faults each time.
+/// instead of a hop to the blocking pool per read. The buffer (64 KiB)
+/// is one per thread, kept: a fresh one per blob costs its page faults
+/// each time. `reader` must not call back into a digest on the same
+/// thread (the buffer is borrowed for the whole read).
 pub fn digest_sync(reader: &mut impl std::io::Read) -> Digest {
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
