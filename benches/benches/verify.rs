@@ -148,6 +148,15 @@ fn main() {
     if let Ok(url) = std::env::var("ALKBLOBS_PG_URL") {
         pg_lo(&rt, &url);
         pg_local(&rt, &url, &dir.path().join("pg-local"));
+        // A pool of many recorded keys (ALKBLOBS_BENCH_VERIFY_POOL_KEYS,
+        // e.g. 1000000): time and peak RSS, once each way (a round of a
+        // million keys takes minutes).
+        if let Some(n) = std::env::var("ALKBLOBS_BENCH_VERIFY_POOL_KEYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            pg_pool_of(&rt, &url, n);
+        }
     }
     probes.verdict();
 }
@@ -276,6 +285,95 @@ fn pg_local(rt: &tokio::runtime::Runtime, url: &str, large: &std::path::Path) {
         rounds(5),
         &mut a,
         &mut b,
+    );
+    rt.block_on(store.close()).unwrap();
+}
+
+/// A kv pool of `n` recorded keys of about 100 bytes (a single-instance
+/// pool: every key an entry), verified whole once, against one query
+/// streaming the same rows and hashing each. Reports both times, their
+/// ratio, and verify's peak RSS (the kernel's high-water mark, reset just
+/// before the run).
+fn pg_pool_of(rt: &tokio::runtime::Runtime, url: &str, n: u64) {
+    use alkblobs::store::postgres::{PgLarge, PostgresOptions};
+    use futures::TryStreamExt;
+    let (c, conn) = rt
+        .block_on(tokio_postgres::connect(url, tokio_postgres::NoTls))
+        .unwrap();
+    rt.spawn(conn);
+    let pool = format!("bench-verify-many-{}", std::process::id());
+    rt.block_on(c.execute(
+        "SELECT alkblobs_create_pool($1, large_tier => 'none', single_instance => true)",
+        &[&pool],
+    ))
+    .unwrap();
+    let filled = std::time::Instant::now();
+    let batch = 10_000u64;
+    for start in (0..n).step_by(batch as usize) {
+        let vals: Vec<Vec<u8>> = (start..(start + batch).min(n))
+            .map(|i| data(10_000_000 + i, 100))
+            .collect();
+        let keys: Vec<Vec<u8>> = vals
+            .iter()
+            .map(|v| blake3::hash(v).as_bytes().to_vec())
+            .collect();
+        rt.block_on(c.execute(
+            "SELECT alkblobs_put_many($1, $2, $3, 'bench')",
+            &[&pool, &keys, &vals],
+        ))
+        .unwrap();
+    }
+    rt.block_on(c.execute("SELECT alkblobs_unpin_all($1, 'bench')", &[&pool]))
+        .unwrap();
+    eprintln!("filled {n} keys in {:?}", filled.elapsed());
+    let store = rt
+        .block_on(Store::open_postgres(
+            PostgresOptions::new(url, &pool).large(PgLarge::None),
+        ))
+        .unwrap();
+    // The high-water mark from here (Linux: "5" resets VmHWM to the
+    // current RSS).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let rss_before = alkblobs_benches::peak_rss_kib();
+    let t = std::time::Instant::now();
+    let r = rt.block_on(store.verify()).unwrap();
+    let verify = t.elapsed();
+    let rss_peak = alkblobs_benches::peak_rss_kib();
+    assert!(r.is_clean() && r.checked == n, "{r:?}");
+    let t = std::time::Instant::now();
+    let hashed = rt.block_on(async {
+        let rows = c
+            .query_raw(
+                "SELECT e.key, e.value FROM alkblobs.entries e \
+                 JOIN alkblobs.pools p ON p.id = e.pool WHERE p.name = $1 ORDER BY e.key",
+                [&pool],
+            )
+            .await
+            .unwrap();
+        futures::pin_mut!(rows);
+        let mut count = 0u64;
+        while let Some(row) = rows.try_next().await.unwrap() {
+            let key: &[u8] = row.get(0);
+            let value: &[u8] = row.get(1);
+            assert_eq!(blake3::hash(value).as_bytes().as_slice(), key);
+            count += 1;
+        }
+        count
+    });
+    let raw = t.elapsed();
+    assert_eq!(hashed, n);
+    println!(
+        "\n### verify of a pool of {n} recorded keys of 100 bytes (single-instance, kv) vs one query streaming them + BLAKE3\n"
+    );
+    println!("| scenario | alkblobs | baseline | ratio | runs | verify's peak RSS |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| verify {n} keys | {:.1} s | {:.1} s | **{:.2}×** | once each | {} MiB (RSS before: {} MiB) |",
+        verify.as_secs_f64(),
+        raw.as_secs_f64(),
+        raw.as_secs_f64() / verify.as_secs_f64(),
+        rss_peak / 1024,
+        rss_before / 1024
     );
     rt.block_on(store.close()).unwrap();
 }
