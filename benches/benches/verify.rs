@@ -318,13 +318,11 @@ fn pg_pool_of(rt: &tokio::runtime::Runtime, url: &str, n: u64) {
             .map(|v| blake3::hash(v).as_bytes().to_vec())
             .collect();
         rt.block_on(c.execute(
-            "SELECT alkblobs_put_many($1, $2, $3, 'bench')",
+            "SELECT alkblobs_put_many($1, $2, $3, NULL)",
             &[&pool, &keys, &vals],
         ))
         .unwrap();
     }
-    rt.block_on(c.execute("SELECT alkblobs_unpin_all($1, 'bench')", &[&pool]))
-        .unwrap();
     eprintln!("filled {n} keys in {:?}", filled.elapsed());
     let store = rt
         .block_on(Store::open_postgres(
