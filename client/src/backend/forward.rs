@@ -48,6 +48,9 @@ macro_rules! forward_backend {
             async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
                 (**self).get_range(key, offset, len).await
             }
+            async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<(u64, Bytes)>>> {
+                (**self).get_many(keys).await
+            }
             async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
                 (**self).put_many(items).await
             }

@@ -237,6 +237,25 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
         slice_range(key, &value, offset, len).map(Some)
     }
 
+    /// Each of `keys` with its recorded size and value, in order (`None`
+    /// for an absent one): what `verify` reads a page of a pool's record
+    /// with.
+    ///
+    /// # Behavior
+    /// - The default asks one key at a time ([`Backend::size`], then
+    ///   [`Backend::get`]); an engine across a network answers the batch in
+    ///   one request.
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<(u64, Bytes)>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            out.push(match self.size(k).await? {
+                Some(n) => self.get(k).await?.map(|v| (n, v)),
+                None => None,
+            });
+        }
+        Ok(out)
+    }
+
     /// Stores many small values; kv engines do it in one transaction.
     ///
     /// # Behavior

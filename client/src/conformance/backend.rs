@@ -528,6 +528,17 @@ pub async fn batches(e: &Arc<dyn Backend>, _caps: Caps) {
     );
     let mut keys: Vec<Key> = items.iter().map(|(k, _)| *k).collect();
     keys.push(absent_key("batch"));
+    // get_many: each key's size and value in order, an absent one None.
+    let mut asked = keys.clone();
+    asked.reverse();
+    let got = e.get_many(&asked).await.unwrap();
+    assert_eq!(got.len(), asked.len(), "{e}");
+    assert!(got[0].is_none(), "{e}: an absent key");
+    for (k, g) in asked[1..].iter().zip(&got[1..]) {
+        let (n, v) = g.as_ref().unwrap_or_else(|| panic!("{e}: {k} is present"));
+        let want = &items.iter().find(|(ik, _)| ik == k).unwrap().1;
+        assert!(*n == 1024 && v == want, "{e}: {k}");
+    }
     let freed = e.delete_many(&keys).await.unwrap();
     assert_eq!(freed.iter().flatten().count(), 50);
     assert!(freed.iter().flatten().all(|s| *s == 1024));

@@ -172,6 +172,9 @@ impl<E: Backend + ?Sized> Backend for FaultBackend<E> {
     async fn get_range(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.inner.get_range(key, offset, len).await
     }
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<(u64, Bytes)>>> {
+        self.inner.get_many(keys).await
+    }
     async fn put_many(&self, items: &[(Key, Bytes)]) -> Result<Vec<PutOutcome>> {
         self.write_fault()?;
         self.write_delay().await;

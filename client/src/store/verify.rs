@@ -578,10 +578,23 @@ impl Store {
             };
             let done = page.last().is_some_and(past_end);
             let page: Vec<Record> = page.into_iter().filter(|r| !past_end(r)).collect();
-            // Each record's content, `jobs` at a time, in key order.
+            // The page's kv entries in one read (a size and a get per key
+            // cost a round trip each), then each record's content, `jobs`
+            // at a time, in key order.
+            let kv_keys: Vec<Key> = page
+                .iter()
+                .filter(|r| matches!(r.held, Some(Held::Kv)))
+                .filter_map(Record::key)
+                .collect();
+            let kv_values: HashMap<Key, Option<(u64, Bytes)>> = kv_keys
+                .iter()
+                .copied()
+                .zip(self.kv().get_many(&kv_keys).await?)
+                .collect();
+            let kv_values = &kv_values;
             let indexed = record.large_indexed();
             let checks = futures::stream::iter(page.into_iter().map(|r| async move {
-                let c = self.check_record(&r, opts, indexed).await?;
+                let c = self.check_record(&r, opts, indexed, kv_values).await?;
                 Ok::<_, Error>((r, c))
             }))
             .buffered(opts.jobs.max(1));
@@ -621,11 +634,13 @@ impl Store {
 
     /// What one key of the record needs. `indexed`: the record holds the
     /// large tier's content one by one ([`PoolRecord::large_indexed`]).
+    /// `kv`: the page's kv entries, read in one go.
     async fn check_record(
         &self,
         r: &Record,
         opts: &VerifyOptions,
         indexed: bool,
+        kv: &HashMap<Key, Option<(u64, Bytes)>>,
     ) -> Result<RecordCheck> {
         let Some(key) = r.key() else {
             // (Named as malformed by the caller.)
@@ -634,7 +649,11 @@ impl Store {
         Ok(match r.held {
             Some(Held::Kv) => RecordCheck::Content(
                 Tier::Kv,
-                check(self, Tier::Kv, &key, None, opts.repair_outboards).await?,
+                match kv.get(&key) {
+                    Some(Some((recorded, v))) => check_value(&key, *recorded, v),
+                    Some(None) => Check::Vanished,
+                    None => check(self, Tier::Kv, &key, None, opts.repair_outboards).await?,
+                },
             ),
             Some(held @ (Held::LargeObject | Held::File { .. })) => match self.large() {
                 Some(_) => {
@@ -699,7 +718,7 @@ impl Store {
                 continue;
             };
             let key = r.key().expect("suspects are keys");
-            match self.check_record(r, opts, indexed).await? {
+            match self.check_record(r, opts, indexed, &HashMap::new()).await? {
                 RecordCheck::Content(tier, c) => match tally(report, tier, key, c, opts) {
                     Some(Check::Lost) => report.missing.push(missing_entry(key, r)),
                     Some(_) if matches!(r.held, Some(Held::File { .. })) => {
