@@ -246,14 +246,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     ///   [`Backend::get`]); an engine across a network answers the batch in
     ///   one request.
     async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<(u64, Bytes)>>> {
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            out.push(match self.size(k).await? {
-                Some(n) => self.get(k).await?.map(|v| (n, v)),
-                None => None,
-            });
-        }
-        Ok(out)
+        get_each(self, keys).await
     }
 
     /// Stores many small values; kv engines do it in one transaction.
@@ -537,6 +530,21 @@ pub trait BackendExt: Backend {
 }
 
 impl<T: Backend + ?Sized> BackendExt for T {}
+
+/// [`Backend::get_many`] one key at a time: a size, then a get.
+pub(crate) async fn get_each<E: Backend + ?Sized>(
+    engine: &E,
+    keys: &[Key],
+) -> Result<Vec<Option<(u64, Bytes)>>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        out.push(match engine.size(k).await? {
+            Some(n) => engine.get(k).await?.map(|v| (n, v)),
+            None => None,
+        });
+    }
+    Ok(out)
+}
 
 /// Every large engine is what verification reads through.
 #[async_trait]

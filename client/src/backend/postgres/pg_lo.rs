@@ -170,6 +170,11 @@ impl Backend for PgLoBackend {
         delete_keys(&self.pg, self, keys).await
     }
 
+    /// Whole large objects, one at a time (nothing reads them in batches).
+    async fn get_many(&self, keys: &[Key]) -> Result<Vec<Option<(u64, Bytes)>>> {
+        crate::backend::get_each(self, keys).await
+    }
+
     async fn usage(&self) -> Result<Option<(u64, u64)>> {
         tier_usage(&self.pg, self, "lo").await
     }
