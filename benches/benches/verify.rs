@@ -366,7 +366,7 @@ fn pg_pool_of(rt: &tokio::runtime::Runtime, url: &str, n: u64) {
     println!("| scenario | alkblobs | baseline | ratio | runs | verify's peak RSS |");
     println!("|---|---|---|---|---|---|");
     println!(
-        "| verify {n} keys | {:.1} s | {:.1} s | **{:.2}×** | once each | {} MiB (RSS before: {} MiB) |",
+        "| verify {n} keys | {:.1} s | {:.1} s | **{:.3}×** | once each | {} MiB (RSS before: {} MiB) |",
         verify.as_secs_f64(),
         raw.as_secs_f64(),
         raw.as_secs_f64() / verify.as_secs_f64(),
