@@ -193,3 +193,17 @@ pub async fn check_copy(base: &str, db: &str, owner: &str, big: &[u8], what: &st
         .expect_err("the guard still guards");
     assert_eq!(sqlstate(&e), "AB002", "{what}: {e}");
 }
+
+/// A command run as the cluster's owner (`postgres` when we are root:
+/// PostgreSQL refuses to run as root).
+pub fn as_pg(args: &[&str]) -> Command {
+    let mut c = if unsafe { libc::geteuid() } == 0 {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]);
+        c
+    } else {
+        Command::new("env")
+    };
+    c.args(args);
+    c
+}

@@ -16,7 +16,9 @@
 
 use std::process::Command;
 
-use alkblobs_tests::copies::{check_copy, conn, fill, owned_database, recreate_db, run, with_db};
+use alkblobs_tests::copies::{
+    as_pg, check_copy, conn, fill, owned_database, recreate_db, run, with_db,
+};
 use alkblobs_tests::pg::{key, sqlstate, url};
 use tokio_postgres::Client;
 
@@ -502,17 +504,6 @@ async fn a_base_backup_started_later_keeps_every_protected_key() {
     let base = std::path::PathBuf::from(format!("/tmp/alkblobs-bb-{id}"));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).unwrap();
-    let as_pg = |args: &[&str]| {
-        let mut c = if unsafe { libc::geteuid() } == 0 {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]);
-            c
-        } else {
-            Command::new("env")
-        };
-        c.args(args);
-        c
-    };
     run(Command::new("chown").arg("postgres:postgres").arg(&base));
     let data = base.join("data");
     let port = other

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use alkblobs_tests::copies::{check_copy, conn, fill, owned_database, run};
+use alkblobs_tests::copies::{as_pg, check_copy, conn, fill, owned_database, run};
 
 const OLD_PORT: u16 = 54339;
 const NEW_PORT: u16 = 54340;
@@ -32,20 +32,6 @@ fn bindir(var: &str) -> String {
              installed (scripts/install-extension.sh 17 18)"
         )
     })
-}
-
-/// A command run as the cluster's owner (`postgres` when we are root:
-/// PostgreSQL refuses to run as root).
-fn as_pg(args: &[&str]) -> Command {
-    let mut c = if unsafe { libc::geteuid() } == 0 {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]);
-        c
-    } else {
-        Command::new("env")
-    };
-    c.args(args);
-    c
 }
 
 fn s(p: &Path) -> &str {
