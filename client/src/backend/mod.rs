@@ -427,13 +427,10 @@ pub trait LargeBackend: Backend {
         key: &Key,
         windows: &[std::ops::Range<u64>],
     ) -> Result<Option<Vec<Bytes>>> {
-        let got = futures::future::try_join_all(
-            windows
-                .iter()
-                .map(|w| self.read_outboard(key, w.start, w.end - w.start)),
-        )
-        .await?;
-        Ok(got.into_iter().collect())
+        crate::integrity::each_window(windows, |w| {
+            self.read_outboard(key, w.start, w.end - w.start)
+        })
+        .await
     }
 
     /// Stores `outboard` as the outboard of the present blob `key`,

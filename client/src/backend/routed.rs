@@ -627,19 +627,6 @@ impl Source for Raw {
     async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>> {
         self.0.window(key, "/outboard", offset, len).await
     }
-    async fn read_outboard_windows(
-        &self,
-        key: &Key,
-        windows: &[std::ops::Range<u64>],
-    ) -> Result<Option<Vec<Bytes>>> {
-        let got = futures::future::try_join_all(
-            windows
-                .iter()
-                .map(|w| self.read_outboard(key, w.start, w.end - w.start)),
-        )
-        .await?;
-        Ok(got.into_iter().collect())
-    }
     fn outboard_floor(&self) -> u64 {
         0
     }

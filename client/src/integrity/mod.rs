@@ -53,14 +53,34 @@ pub trait Source: fmt::Display + Send + Sync {
     /// Up to `len` bytes of the stored outboard from `offset`, or `None`
     /// when the blob has none.
     async fn read_outboard(&self, key: &Key, offset: u64, len: u64) -> Result<Option<Bytes>>;
-    /// Several windows of the stored outboard in one call.
+    /// Several windows of the stored outboard in one call (by default all
+    /// asked for at once, [`each_window`]).
     async fn read_outboard_windows(
         &self,
         key: &Key,
         windows: &[std::ops::Range<u64>],
-    ) -> Result<Option<Vec<Bytes>>>;
+    ) -> Result<Option<Vec<Bytes>>> {
+        each_window(windows, |w| {
+            self.read_outboard(key, w.start, w.end - w.start)
+        })
+        .await
+    }
     /// Blobs of at most this many bytes carry no outboard, by design.
     fn outboard_floor(&self) -> u64;
+}
+
+/// `windows` read by `read`, all asked for at once (a network reader's
+/// round trips overlap); `None` when any answers `None` (no outboard).
+pub(crate) async fn each_window<'a, F, Fut>(
+    windows: &'a [std::ops::Range<u64>],
+    read: F,
+) -> Result<Option<Vec<Bytes>>>
+where
+    F: FnMut(&'a std::ops::Range<u64>) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Bytes>>>,
+{
+    let got = futures::future::try_join_all(windows.iter().map(read)).await?;
+    Ok(got.into_iter().collect())
 }
 
 /// The `[offset, offset+len)` window of a blob of `size` bytes, clamped to

@@ -61,30 +61,31 @@ impl FleetArbiter {
             let r = rows
                 .first()
                 .ok_or_else(|| Error::engine(&s.pg, "alkblobs_sweep returned no row"))?;
-            let n = |i: usize| r.get::<_, i64>(i).max(0) as u64;
-            if let Some(cause) = r.get::<_, Option<String>>(14) {
+            // By name: the columns are the SELECT's above.
+            let n = |c: &str| r.get::<_, i64>(c).max(0) as u64;
+            if let Some(cause) = r.get::<_, Option<String>>("aborted") {
                 report.aborted = Some(abort_cause(&s.info.name, &cause)?);
                 return Ok(report);
             }
-            report.examined += n(0);
-            report.live += n(1);
-            report.pinned += n(2);
-            report.staged += n(3);
-            report.executed += n(4);
-            report.deleted += n(5);
-            report.kept += n(6);
-            report.bytes_freed += n(7);
-            report.pins_reaped += n(8);
-            report.remaining = n(9);
-            report.skipped += n(11);
-            report.uploads_reclaimed += n(12);
-            let local_due = n(10);
-            let mark_done: bool = r.get(13);
-            let reviewed = n(15);
+            report.examined += n("examined");
+            report.live += n("live");
+            report.pinned += n("pinned");
+            report.staged += n("staged");
+            report.executed += n("executed");
+            report.deleted += n("deleted");
+            report.kept += n("kept");
+            report.bytes_freed += n("bytes_freed");
+            report.pins_reaped += n("pins_reaped");
+            report.remaining = n("remaining");
+            report.skipped += n("skipped");
+            report.uploads_reclaimed += n("uploads_reaped");
+            let local_due = n("local_due");
+            let mark_done: bool = r.get("mark_done");
+            let reviewed = n("reviewed");
             report.reviewed += reviewed;
-            if let Some(why) = r.get::<_, Option<String>>(16) {
+            if let Some(why) = r.get::<_, Option<String>>("audit") {
                 report.audit = Some(why);
-                report.missed += r.get::<_, Option<i64>>(17).unwrap_or(0).max(0) as u64;
+                report.missed += r.get::<_, Option<i64>>("missed").unwrap_or(0).max(0) as u64;
             }
             opts.report_progress(&SweepProgress {
                 phase: if marking {
@@ -106,7 +107,10 @@ impl FleetArbiter {
                 break;
             }
             // (A full batch of the review queue: more of it may be due.)
-            if !marking && reviewed < SWEEP_KEYS as u64 && (report.remaining == 0 || n(4) == 0) {
+            if !marking
+                && reviewed < SWEEP_KEYS as u64
+                && (report.remaining == 0 || n("executed") == 0)
+            {
                 if self.shared_tier() && pool.large().is_none() {
                     // A kv-only node does not see the shared files: their
                     // due rows wait for a node that does (said, not hidden).
