@@ -21,7 +21,7 @@ impl Served {
     fn start(dir: &Path, extra: &[&str]) -> Served {
         let stderr = dir.join(format!("serve-{}.log", rand_tag()));
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["serve", "--create", "--listen", "127.0.0.1:0"])
             .args(extra)
             .env("ALKBLOBS_DATA_DIR", dir.join("data"))
             .stdout(Stdio::piped())
@@ -155,6 +155,48 @@ fn blob(len: usize, seed: u8) -> Vec<u8> {
 
 fn b3(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
+}
+
+/// Serving a data directory that holds no store (a mistyped --data-dir)
+/// fails like every other command that reads one (exit 3) and creates
+/// nothing; `--create` makes it, for a new node's first start.
+#[test]
+fn serve_refuses_a_directory_with_no_store_unless_told_to_create_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("mistyped");
+    let log = tmp.path().join("refused.log");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("ALKBLOBS_DATA_DIR", &data)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let status = wait_timeout(&mut child, Duration::from_secs(20));
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(3),
+        "serve did not refuse: {err}"
+    );
+    assert!(err.contains("no store at"), "{err}");
+    assert!(!data.exists(), "serve made {}", data.display());
+    let s = Served::start(tmp.path(), &[]);
+    let key = b3(b"x");
+    let (code, body) = curl(&[
+        "-X",
+        "PUT",
+        "--data-binary",
+        "x",
+        &format!("{}/blobs/{key}", s.url),
+    ]);
+    assert_eq!(code, 201, "{}", String::from_utf8_lossy(&body));
+    s.stop();
+    assert!(tmp.path().join("data").exists());
 }
 
 #[test]
@@ -728,7 +770,7 @@ fn a_non_loopback_client_without_tokens_is_refused() {
         .map(str::to_owned)
         .expect("a non-loopback IPv4 address on this machine");
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "0.0.0.0:0"])
+        .args(["serve", "--create", "--listen", "0.0.0.0:0"])
         .env("ALKBLOBS_DATA_DIR", d.join("data"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

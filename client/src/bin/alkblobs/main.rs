@@ -96,8 +96,9 @@ struct Cli {
     command: Command,
 }
 
-/// Every command but `put` and `roots add` needs a store at the data
-/// directory and fails with "no store at DIR" (exit 3) where there is none.
+/// Every command but `put`, `roots add` and `serve --create` needs a store
+/// at the data directory and fails with "no store at DIR" (exit 3) where
+/// there is none.
 #[derive(Subcommand)]
 enum Command {
     /// Store files (or `-` for stdin), creating the store if need be; prints

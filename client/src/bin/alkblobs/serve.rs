@@ -14,6 +14,13 @@ pub struct ServeArgs {
     /// Address to listen on, e.g. 127.0.0.1:8080 or [::]:443.
     #[arg(long, default_value = "127.0.0.1:7860")]
     listen: SocketAddr,
+    /// Create the store if the data directory holds none (a new storage
+    /// node's first start). Without it, serving a directory with no store
+    /// fails (exit 3), as every command but `put` and `roots add` does: a
+    /// mistyped --data-dir would otherwise serve an empty store and take
+    /// writes into it.
+    #[arg(long)]
+    create: bool,
     /// Bearer tokens, one `TOKEN read|write` per line. Without it the
     /// server serves reads and writes to loopback clients only.
     #[arg(long, value_name = "FILE")]
@@ -71,7 +78,11 @@ pub async fn serve(ctx: &Ctx, a: &ServeArgs) -> Res {
         Some(f) => Tokens::load(f)?,
         None => Tokens::none(),
     };
-    let store = ctx.create().await?;
+    let store = if a.create {
+        ctx.create().await?
+    } else {
+        ctx.open_write().await?
+    };
     let mut opts = ServeOptions::new(a.listen)
         .tokens(tokens.clone())
         .max_body(a.max_body)
