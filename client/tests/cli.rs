@@ -152,6 +152,9 @@ fn verify_names_every_corrupt_key_and_exits_4() {
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(report["corrupt"][0]["key"], key);
     assert_eq!(report["corrupt"].as_array().unwrap().len(), 1);
+    // Its bytes were re-hashed too: counted with the others.
+    assert_eq!(report["checked"], 2);
+    assert_eq!(report["bytes"], 300_000, "{report}");
 
     // A verified get refuses it and leaves no output file behind…
     let o = run(d, &["get", &key, "-o", "out.bin"]);

@@ -231,6 +231,92 @@ fn the_cli_runs_on_a_fleet_pool_from_two_processes() {
     assert!(why.contains("verdict: live: protected by pin"), "{why}");
 }
 
+/// `url()` with its database replaced by `db`.
+fn url_of(db: &str) -> String {
+    let u = url();
+    let (base, query) = u
+        .split_once('?')
+        .map_or((u.as_str(), None), |(b, q)| (b, Some(q)));
+    let (server, _) = base
+        .rsplit_once('/')
+        .expect("a database in ALKBLOBS_PG_URL");
+    match query {
+        Some(q) => format!("{server}/{db}?{q}"),
+        None => format!("{server}/{db}"),
+    }
+}
+
+fn psql(u: &str, sql: &str) {
+    let o = Command::new("psql")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", u, "-c", sql])
+        .output()
+        .expect("run psql");
+    assert!(
+        o.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A `sweep_every` that no scheduler will run is said when it is set, by
+/// `pool create` and `pool alter` (on stderr, the command succeeding), in
+/// a database the scheduler does not serve; where it does (the test
+/// database), nothing is said.
+#[test]
+fn pool_create_and_alter_warn_when_nothing_will_run_sweep_every() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let db = format!("cli_unscheduled_{}", std::process::id());
+    psql(
+        &url(),
+        &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
+    );
+    psql(&url(), &format!("CREATE DATABASE {db}"));
+    psql(&url_of(&db), "CREATE EXTENSION alkblobs");
+    let pool = "unscheduled";
+    let cli = |u: &str, args: &[&str]| {
+        let o = Command::new(BIN)
+            .args(["--fleet", "--large", "none"])
+            .args(args)
+            .env("ALKBLOBS_POSTGRES", u)
+            .env("ALKBLOBS_POOL", pool)
+            .env("ALKBLOBS_DATA_DIR", d.join("unused"))
+            .output()
+            .expect("run alkblobs");
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let warned = |err: &str| {
+        err.contains(&format!("warning: pool {pool}: sweep_every is"))
+            && err.contains("scheduling is off")
+    };
+    let err = cli(
+        &url_of(&db),
+        &["pool", "create", pool, "--sweep-every", "5m"],
+    );
+    assert!(warned(&err), "{err}");
+    assert!(err.contains("scheduler_databases"), "the reason: {err}");
+    let err = cli(
+        &url_of(&db),
+        &["pool", "alter", pool, "--sweep-every", "1m"],
+    );
+    assert!(warned(&err), "{err}");
+    let err = cli(
+        &url_of(&db),
+        &["pool", "alter", pool, "--sweep-every", "off"],
+    );
+    assert!(!err.contains("warning"), "{err}");
+    // Served by the scheduler: silent.
+    let served = format!("cli-served-{}", std::process::id());
+    let err = cli(&url(), &["pool", "create", &served, "--sweep-every", "5m"]);
+    assert!(!err.contains("warning"), "{err}");
+    psql(&url(), &format!("DROP DATABASE {db} WITH (FORCE)"));
+}
+
 /// `pool status` shows `alkblobs_health`: a scheduled fleet pool is
 /// swept by the extension's scheduler and reported ok (exit 0); once it is
 /// manual and past its critical threshold it is critical (exit 7); a sweep

@@ -160,6 +160,9 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
             if !ctx.json {
                 println!("created pool {name}");
             }
+            if sweep_every.is_some() {
+                warn_if_unscheduled(&db, name).await?;
+            }
             Ok(())
         }
         PoolCmd::Ls => {
@@ -203,11 +206,31 @@ pub async fn pool(ctx: &Ctx, cmd: &PoolCmd) -> Res {
             }
             if let Some(Every(e)) = sweep_every {
                 db.set_sweep_every(name, *e).await?;
+                if e.is_some() {
+                    warn_if_unscheduled(&db, name).await?;
+                }
             }
             Ok(())
         }
         PoolCmd::Status { name } => status(ctx, &db, name.as_deref()).await,
     }
+}
+
+/// Says on stderr when nothing will run pool `name`'s `sweep_every` (no
+/// scheduler serves the database, and no pg_cron job has started a run):
+/// the reason `alkblobs_health` gives, which `pool status` shows later.
+async fn warn_if_unscheduled(db: &PgPool, name: &str) -> Res {
+    for h in db.health(Some(name)).await? {
+        if h.scheduler == "on" || h.scheduler == "pg_cron" {
+            continue;
+        }
+        for r in h.reasons.iter().filter(|r| r.starts_with("sweep_every is")) {
+            eprintln!(
+                "warning: pool {name}: {r}; nothing sweeps it until a node or an operator does"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `pool status`: the extension's `alkblobs_health`, as a table or JSON;
