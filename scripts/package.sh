@@ -14,9 +14,8 @@
 #       (scripts/postgres.sh pg-config N) and prints the path of the .deb
 #       it wrote (in target/packages/ unless --out). With --rev, the
 #       package of that commit (e.g. the previous release, for the upgrade
-#       test), built from a git worktree of it with the dev profile; the
-#       build shares this checkout's target directory (dependencies) but
-#       not its release library.
+#       test), built from a git worktree of it in the release profile,
+#       sharing this checkout's target directory (its dependencies).
 #
 # The package installs where that pg_config says the server looks
 # (--pkglibdir, --sharedir). Where the server is Debian's (its pg_config
@@ -95,14 +94,17 @@ version=$(sed -n 's/^version = "\([0-9.]*\)".*/\1/p' "$src/pg_ext/Cargo.toml")
 arch=$(dpkg --print-architecture)
 stage="$root/target/package-stage/alkblobs-$major-$version"
 rm -rf "$stage"
-# Another commit's package is built with the dev profile: its library then
-# lands in target/debug, never over this checkout's release build (which
-# scripts/install-extension.sh installs), while sharing the dependencies.
-profile=()
-[ -n "$rev" ] && profile=(--debug)
+# Another commit's package is built in the release profile too, in this
+# checkout's target directory: the release's dependencies of the same
+# versions are this checkout's release build's (scripts/install-extension.sh
+# made them; its release profile is the same), so only what changed is
+# compiled (the dev profile differs between the two commits: there every
+# dependency was compiled again, 4 min 45 s of the PostgreSQL 15 step).
+# Its library is then the one at target/release/libalkblobs_pg.so; the next
+# build of this checkout's links its own there again.
 (
     cd "$src/pg_ext"
-    CARGO_TARGET_DIR="$root/target" cargo pgrx package "${profile[@]}" --pg-config "$pg_config" --out-dir "$stage" >&2
+    CARGO_TARGET_DIR="$root/target" cargo pgrx package --pg-config "$pg_config" --out-dir "$stage" >&2
 )
 sharedir=$("$pg_config" --sharedir)
 pkglibdir=$("$pg_config" --pkglibdir)
