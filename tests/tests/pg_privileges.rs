@@ -93,6 +93,12 @@ async fn a_registered_tables_owner_cannot_become_superuser() {
         .await
         .unwrap_err();
     assert_eq!(sqlstate(&blocked), "0A000", "{blocked}");
+    // …nor dropped (PostgreSQL's own refusal: the view depends on it).
+    let dropped = e
+        .batch_execute(&format!("ALTER TABLE {table} DROP COLUMN key"))
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&dropped), "2BP01", "{dropped}");
     // …second line: with that view gone (a superuser dropped it), every
     // use re-validates the table and refuses it.
     drop_source_view(&su, &table).await;
