@@ -346,7 +346,7 @@ async fn a_renewal_racing_the_reaper_at_expiry_keeps_the_pin() {
     let obs = connect().await;
     let r = connect().await;
     let s = connect().await;
-    let pool = pool(&obs, "race-renew-reap", "0 seconds", "1 second").await;
+    let pool = pool(&obs, "race-renew-reap", "0 seconds", "2 seconds").await;
     let value = b"renewed at the edge";
     put(&obs, &pool, value, "node-a").await;
     // A second owner's pin, released at once: under the review queue this
@@ -361,6 +361,8 @@ async fn a_renewal_racing_the_reaper_at_expiry_keeps_the_pin() {
         .await
         .unwrap();
     }
+    // (A TTL of 2 s leaves the renewal below 1.3 s to run before the pin
+    // expires: with 1 s, a loaded CI machine once renewed too late.)
     tokio::time::sleep(std::time::Duration::from_millis(700)).await;
     // The owner renews (the pin is still valid) in a transaction that stays
     // open past the pin's original expiry.
@@ -370,8 +372,8 @@ async fn a_renewal_racing_the_reaper_at_expiry_keeps_the_pin() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(n, 1);
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(n, 1, "the pin expired before the renewal ran");
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     // The reaper sees the committed (expired) version of a row someone is
     // renewing: it passes over it (SKIP LOCKED) rather than wait. The mark,
     // or the review of the key node-b's release queued, stages the key (the
