@@ -13,9 +13,14 @@ fn url() -> String {
 }
 
 fn run(dir: &Path, pool: &str, args: &[&str]) -> Output {
+    run_at(&url(), dir, pool, args)
+}
+
+/// `run` against the database at `u`.
+fn run_at(u: &str, dir: &Path, pool: &str, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
-        .env("ALKBLOBS_POSTGRES", url())
+        .env("ALKBLOBS_POSTGRES", u)
         .env("ALKBLOBS_POOL", pool)
         .env("ALKBLOBS_DATA_DIR", dir.join("unused"))
         .current_dir(dir)
@@ -275,14 +280,11 @@ fn pool_create_and_alter_warn_when_nothing_will_run_sweep_every() {
     psql(&url_of(&db), "CREATE EXTENSION alkblobs");
     let pool = "unscheduled";
     let cli = |u: &str, args: &[&str]| {
-        let o = Command::new(BIN)
-            .args(["--fleet", "--large", "none"])
-            .args(args)
-            .env("ALKBLOBS_POSTGRES", u)
-            .env("ALKBLOBS_POOL", pool)
-            .env("ALKBLOBS_DATA_DIR", d.join("unused"))
-            .output()
-            .expect("run alkblobs");
+        let all: Vec<&str> = ["--fleet", "--large", "none"]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let o = run_at(u, d, pool, &all);
         assert!(
             o.status.success(),
             "{args:?}: {}",
@@ -310,7 +312,30 @@ fn pool_create_and_alter_warn_when_nothing_will_run_sweep_every() {
         &["pool", "alter", pool, "--sweep-every", "off"],
     );
     assert!(!err.contains("warning"), "{err}");
-    // Served by the scheduler: silent.
+    // Served by the scheduler: silent (once its worker is up: a cluster
+    // started a moment ago may not have it yet).
+    let on = || {
+        let o = Command::new("psql")
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                &url(),
+                "-c",
+                "SELECT alkblobs.scheduler_state()",
+            ])
+            .output()
+            .expect("run psql");
+        String::from_utf8_lossy(&o.stdout).trim() == "on"
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !on() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scheduler never served the test database"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     let served = format!("cli-served-{}", std::process::id());
     let err = cli(&url(), &["pool", "create", &served, "--sweep-every", "5m"]);
     assert!(!err.contains("warning"), "{err}");
@@ -376,20 +401,9 @@ fn pool_status_reports_health_and_exits_7_when_critical() {
     assert!(swept, "the scheduler did not sweep the pool within 60 s");
 
     ok(d, &pool, &["pool", "alter", &pool, "--sweep-every", "off"]);
-    let psql = Command::new("psql")
-        .args([
-            "-X",
-            "-q",
-            &url(),
-            "-c",
-            &format!("SELECT alkblobs_alter_pool('{pool}', critical_after => '1 second')"),
-        ])
-        .output()
-        .expect("run psql");
-    assert!(
-        psql.status.success(),
-        "{}",
-        String::from_utf8_lossy(&psql.stderr)
+    psql(
+        &url(),
+        &format!("SELECT alkblobs_alter_pool('{pool}', critical_after => '1 second')"),
     );
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let (c, h) = status(d);
