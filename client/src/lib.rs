@@ -53,11 +53,13 @@ pub use arbiter::{
     Arbiter, GcAbortCause, LiveCheck, LiveSet, LiveSnapshot, LivenessSource, PinGuard, Registry,
     StagedRow, SweepOptions, SweepPhase, SweepProgress, SweepReport,
 };
-pub use backend::{Backend, BackendExt, Durability, LargeBackend, OpenMode, PutOutcome, Sharing};
+pub use backend::{
+    Backend, BackendExt, DiskSpace, Durability, LargeBackend, OpenMode, PutOutcome, Sharing,
+};
 pub use error::{BoxError, Error, ErrorKind, Result, sqlstate_kind};
 pub use integrity::{bao, outboard};
 pub use key::{KEY_LEN, Key, KeyError};
 pub use store::{
-    CorruptEntry, DirOptions, EntryMeta, Explanation, Put, PutInfo, PutMany, RangeCheck, Store,
-    StoreBuilder, Tier, TierUsage, Usage, VerifyOptions, VerifyProgress, VerifyReport,
+    Compacted, CorruptEntry, DirOptions, EntryMeta, Explanation, Put, PutInfo, PutMany, RangeCheck,
+    Store, StoreBuilder, Tier, TierUsage, Usage, VerifyOptions, VerifyProgress, VerifyReport,
 };

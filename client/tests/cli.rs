@@ -660,62 +660,6 @@ fn stat_says_how_ranges_verify_and_verify_repairs_missing_outboards() {
     );
 }
 
-#[test]
-fn put_r_stores_a_tree_and_reports_what_it_could_not_read_at_the_end() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    std::fs::create_dir_all(d.join("tree/a/c")).unwrap();
-    std::fs::write(d.join("tree/a/b.txt"), b"b").unwrap();
-    std::fs::write(d.join("tree/a/c/d.bin"), groups_blob(100_000)).unwrap();
-    std::fs::write(d.join("tree/e.txt"), b"e").unwrap();
-    std::os::unix::fs::symlink("/nonexistent/target", d.join("tree/dangling")).unwrap();
-    std::fs::write(d.join("other.txt"), b"other").unwrap();
-
-    // A directory without -r is refused; the other inputs are stored.
-    let o = run(d, &["put", "tree", "other.txt"]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("tree: is a directory"),
-        "{}",
-        stderr(&o)
-    );
-    assert_eq!(stdout(&o).trim(), b3(b"other"));
-
-    // With -r: every file, in path order, each paired with its key in
-    // --json; an unreadable input in the middle does not stop the rest.
-    let o = run(
-        d,
-        &["--json", "put", "-r", "tree", "missing.bin", "other.txt"],
-    );
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
-    let pairs: Vec<(String, String)> = lines
-        .iter()
-        .map(|l| {
-            (
-                l["source"].as_str().unwrap().to_owned(),
-                l["key"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        pairs,
-        vec![
-            ("tree/a/b.txt".to_owned(), b3(b"b")),
-            ("tree/a/c/d.bin".to_owned(), b3(&groups_blob(100_000))),
-            ("tree/e.txt".to_owned(), b3(b"e")),
-            ("other.txt".to_owned(), b3(b"other")),
-        ]
-    );
-    let err = stderr(&o);
-    assert!(err.contains("missing.bin: cannot read"), "{err}");
-    assert!(err.contains("1 of 5 inputs could not be stored"), "{err}");
-    assert_eq!(
-        run(d, &["get", &b3(&groups_blob(100_000)), "--range", "0-9"]).stdout,
-        groups_blob(100_000)[..10]
-    );
-}
-
 /// An embedded store's large tier is its own index: a rooted blob whose
 /// file is removed is missing (exit 4, named as a root); a corrupt blob's
 /// bytes count in the summary. (An unrooted blob whose file vanishes cannot be told from one

@@ -60,6 +60,12 @@ macro_rules! forward_backend {
             async fn usage(&self) -> Result<Option<(u64, u64)>> {
                 (**self).usage().await
             }
+            async fn disk_space(&self) -> Result<Option<super::DiskSpace>> {
+                (**self).disk_space().await
+            }
+            async fn compact(&self) -> Result<Option<(super::DiskSpace, super::DiskSpace)>> {
+                (**self).compact().await
+            }
             async fn reclaim_abandoned(&self) -> Result<u64> {
                 (**self).reclaim_abandoned().await
             }

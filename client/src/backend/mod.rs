@@ -62,6 +62,16 @@ pub use crate::integrity::BlobReader;
 pub(crate) use crate::integrity::clamp_range;
 pub(crate) use crate::offload::{blocking, inline};
 
+/// Space an engine's files take on disk ([`Backend::disk_space`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct DiskSpace {
+    /// Bytes on disk.
+    pub on_disk: u64,
+    /// Of those, bytes that hold nothing: freed by deletions and not yet
+    /// given back (reused by later puts).
+    pub free: u64,
+}
+
 /// What a put found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -291,6 +301,23 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display {
     /// Entry count and total bytes, if the engine can answer with an
     /// aggregate cheaper than `list` + `size`. The default says it cannot.
     async fn usage(&self) -> Result<Option<(u64, u64)>> {
+        Ok(None)
+    }
+
+    /// The bytes this engine's files take on disk and, of those, how many
+    /// hold nothing (space deleted entries left for reuse), for an engine
+    /// that keeps its entries in files of its own (a SQLite database). The
+    /// default: it cannot tell (`None`).
+    async fn disk_space(&self) -> Result<Option<DiskSpace>> {
+        Ok(None)
+    }
+
+    /// Gives the space deleted entries left back to the filesystem,
+    /// rewriting the engine's files if need be (it may hold writes back
+    /// meanwhile, and refuses when the disk cannot hold the copy it needs);
+    /// returns the space before and after. The default: nothing to give
+    /// back (`None`).
+    async fn compact(&self) -> Result<Option<(DiskSpace, DiskSpace)>> {
         Ok(None)
     }
 

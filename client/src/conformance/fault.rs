@@ -187,6 +187,14 @@ impl<E: Backend + ?Sized> Backend for FaultBackend<E> {
     async fn usage(&self) -> Result<Option<(u64, u64)>> {
         self.inner.usage().await
     }
+    async fn disk_space(&self) -> Result<Option<crate::backend::DiskSpace>> {
+        self.inner.disk_space().await
+    }
+    async fn compact(
+        &self,
+    ) -> Result<Option<(crate::backend::DiskSpace, crate::backend::DiskSpace)>> {
+        self.inner.compact().await
+    }
     async fn reclaim_abandoned(&self) -> Result<u64> {
         self.inner.reclaim_abandoned().await
     }

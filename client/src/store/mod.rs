@@ -45,6 +45,7 @@ pub use gc::{ExplainRow, Explanation};
 pub use presets::DirOptions;
 pub use ranged::RangeCheck;
 pub use types::{EntryMeta, Put, PutInfo, PutMany, TierUsage, Usage};
+pub use usage::Compacted;
 pub use verify::{
     CorruptEntry, MalformedKey, MissingEntry, UncheckedSource, VerifyOptions, VerifyProgress,
     VerifyReport,

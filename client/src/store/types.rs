@@ -69,6 +69,11 @@ pub struct TierUsage {
     /// the engine can tell; 64 bytes per 16 KiB of blob.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outboard_bytes: Option<u64>,
+    /// The engine's files on disk and their free space, when the engine
+    /// keeps files of its own ([`crate::Backend::disk_space`]: a SQLite
+    /// database).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<crate::backend::DiskSpace>,
 }
 
 /// Pool accounting per tier.

@@ -200,4 +200,17 @@ impl Backend for PostgresBackend {
     fn sqlite_database(&self) -> Option<&crate::backend::sqlite::SqliteBackend> {
         None
     }
+
+    // The pool's rows share the database's files with everything else in
+    // it, and PostgreSQL's (auto)vacuum gives their space back: the
+    // server's to report and to do, not this engine's.
+    async fn disk_space(&self) -> Result<Option<crate::backend::DiskSpace>> {
+        Ok(None)
+    }
+
+    async fn compact(
+        &self,
+    ) -> Result<Option<(crate::backend::DiskSpace, crate::backend::DiskSpace)>> {
+        Ok(None)
+    }
 }

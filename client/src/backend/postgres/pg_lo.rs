@@ -204,6 +204,19 @@ impl Backend for PgLoBackend {
     fn sqlite_database(&self) -> Option<&crate::backend::sqlite::SqliteBackend> {
         None
     }
+
+    // The pool's large objects share the database's files with everything else in
+    // it, and PostgreSQL's (auto)vacuum gives their space back: the
+    // server's to report and to do, not this engine's.
+    async fn disk_space(&self) -> Result<Option<crate::backend::DiskSpace>> {
+        Ok(None)
+    }
+
+    async fn compact(
+        &self,
+    ) -> Result<Option<(crate::backend::DiskSpace, crate::backend::DiskSpace)>> {
+        Ok(None)
+    }
 }
 
 #[async_trait]

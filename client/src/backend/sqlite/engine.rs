@@ -224,18 +224,31 @@ impl Backend for SqliteBackend {
 
     async fn delete_many(&self, keys: &[Key]) -> Result<Vec<Option<u64>>> {
         let keys = keys.to_vec();
-        self.write("delete a batch", move |w| {
-            let tx = w
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let out = keys
-                .iter()
-                .map(|k| delete_in_tx(&tx, k))
-                .collect::<rusqlite::Result<Vec<_>>>()?;
-            tx.commit()?;
-            Ok(out)
-        })
-        .await
+        let out = self
+            .write("delete a batch", move |w| {
+                let tx = w
+                    .conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let out = keys
+                    .iter()
+                    .map(|k| delete_in_tx(&tx, k))
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                tx.commit()?;
+                Ok(out)
+            })
+            .await?;
+        // The pages the batch freed go back to the filesystem (a database
+        // made with incremental auto-vacuum), a bounded step at a time.
+        self.give_back().await?;
+        Ok(out)
+    }
+
+    async fn disk_space(&self) -> Result<Option<DiskSpace>> {
+        self.disk_space_now().await.map(Some)
+    }
+
+    async fn compact(&self) -> Result<Option<(DiskSpace, DiskSpace)>> {
+        self.compact_now().await.map(Some)
     }
 
     async fn usage(&self) -> Result<Option<(u64, u64)>> {

@@ -72,6 +72,7 @@ mod checkpointer;
 mod engine;
 mod group_commit;
 mod readers;
+mod space;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -83,7 +84,8 @@ use bytes::Bytes;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::{
-    Backend, Durability, InstanceLock, KeyStream, OpenMode, PutOutcome, Sharing, blocking,
+    Backend, DiskSpace, Durability, InstanceLock, KeyStream, OpenMode, PutOutcome, Sharing,
+    blocking,
 };
 use crate::{Error, Key, Result};
 use checkpointer::{
@@ -485,6 +487,14 @@ impl SqliteBackend {
             )
             .map_err(unable)?;
             conn.busy_timeout(opts.busy_timeout).map_err(unable)?;
+            // Before WAL mode (which writes the header of a new database):
+            // a new database frees deleted pages (see `space`); an older one
+            // keeps its mode until compacted.
+            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+                .map_err(unable)?;
+            // A log grown by a large batch is cut back after its checkpoint.
+            conn.pragma_update(None, "journal_size_limit", 64i64 << 20)
+                .map_err(unable)?;
             let mode: String = conn
                 .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
                 .map_err(unable)?;

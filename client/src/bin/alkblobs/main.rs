@@ -163,8 +163,13 @@ enum Command {
         #[arg(long, value_name = "KEY")]
         until: Option<Key>,
     },
-    /// Entries and bytes per tier.
+    /// Entries and bytes per tier, and the database's size on disk.
     Usage,
+    /// Give the space collected blobs left back to the filesystem: rewrite
+    /// the store's database without its free pages. A store made by 0.8 or
+    /// later does this after every gc on its own; an older one needs it
+    /// once. Needs room for a copy of the database; puts wait meanwhile.
+    Compact,
     /// Manage roots: keys the garbage collector treats as live.
     Roots {
         #[command(subcommand)]
@@ -311,6 +316,7 @@ async fn run(cli: Cli) -> Res {
             verify::verify(&ctx, opts).await
         }
         Command::Usage => usage::usage(&ctx).await,
+        Command::Compact => usage::compact(&ctx).await,
         Command::Roots { action } => roots::roots(&ctx, action).await,
         Command::Gc {
             roots_files,

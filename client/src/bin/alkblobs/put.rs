@@ -1,12 +1,20 @@
 //! `put`: store files, directories (`-r`) or stdin, creating the store if
-//! need be. An input that cannot be read does not stop the others: the
-//! failures are reported at the end (exit 2).
+//! need be. Small files are read ahead on a thread of their own and
+//! committed in batches (one transaction, one fsync, per batch: by count,
+//! bytes and time); a key is printed once its batch is durable. Large
+//! files, stdin and named FIFOs stream on their own. An input that cannot
+//! be read does not stop the others: the failures are reported at the end
+//! (exit 2).
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use alkblobs::{Error, Key, PutOutcome, Store, Tier};
+use bytes::Bytes;
 use indicatif::ProgressBar;
 use serde::Serialize;
+use tokio::sync::mpsc;
 
 use crate::ctx::Ctx;
 use crate::exit::{Exit, Fail, Res};
@@ -14,6 +22,15 @@ use crate::output::print_json;
 
 /// Files above this size stream through a progress bar of their own.
 const PROGRESS_OVER: u64 = 8 * 1024 * 1024;
+/// A batch commits at this many files,
+const BATCH_FILES: usize = 1000;
+/// or this many bytes,
+const BATCH_BYTES: usize = 16 << 20;
+/// or this long after its first file arrived (a slow source still sees its
+/// keys printed).
+const BATCH_WAIT: Duration = Duration::from_millis(250);
+/// Files read ahead of the commits.
+const READ_AHEAD: usize = 2 * BATCH_FILES;
 
 /// One stored input, as `--json` prints it.
 #[derive(Serialize)]
@@ -25,22 +42,45 @@ struct PutLine {
     source: String,
 }
 
+/// What `put` was given, expanded: the inputs in order, and what was not
+/// stored (`failed`: exit 2) or skipped by design (`skipped`: said, not an
+/// error).
+#[derive(Default)]
+struct Inputs {
+    files: Vec<PathBuf>,
+    failed: Vec<(String, String)>,
+    skipped: Vec<(String, String)>,
+}
+
+/// What a directory entry of `-r` is, when it is not stored.
+fn not_stored(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    }
+}
+
 /// The files an argument names: itself, or with `-r` every regular file
 /// under a directory (sorted; symbolic links to files are followed, those
-/// to directories are not, so a link cycle cannot loop). An unreadable
+/// to directories are not, so a link cycle cannot loop). A dangling link
+/// or a link loop is a failure; FIFOs, sockets, devices and links to
+/// directories under a directory are skipped, each said. An unreadable
 /// directory or a directory without `-r` is a failure of its own.
-fn expand(
-    arg: &Path,
-    recursive: bool,
-    files: &mut Vec<PathBuf>,
-    failed: &mut Vec<(String, String)>,
-) {
+fn expand(arg: &Path, recursive: bool, inputs: &mut Inputs) {
     if arg == Path::new("-") || !arg.is_dir() {
-        files.push(arg.to_owned());
+        // Named: read whatever it is (a FIFO streams, `<(cmd)` works).
+        inputs.files.push(arg.to_owned());
         return;
     }
     if !recursive {
-        failed.push((
+        inputs.failed.push((
             arg.display().to_string(),
             "is a directory (store its files with -r)".into(),
         ));
@@ -49,27 +89,97 @@ fn expand(
     let mut entries: Vec<PathBuf> = match std::fs::read_dir(arg) {
         Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
         Err(e) => {
-            failed.push((arg.display().to_string(), format!("cannot list: {e}")));
+            inputs
+                .failed
+                .push((arg.display().to_string(), format!("cannot list: {e}")));
             return;
         }
     };
     entries.sort();
     for p in entries {
+        let shown = p.display().to_string();
         let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            failed.push((p.display().to_string(), "vanished while listed".into()));
+            inputs.failed.push((shown, "vanished while listed".into()));
             continue;
         };
         if meta.is_dir() {
-            expand(&p, true, files, failed);
-        } else if meta.is_file() || (meta.is_symlink() && p.is_file()) {
-            files.push(p);
+            expand(&p, true, inputs);
+        } else if meta.is_file() {
+            inputs.files.push(p);
+        } else if meta.is_symlink() {
+            match std::fs::metadata(&p) {
+                Ok(t) if t.is_file() => inputs.files.push(p),
+                Ok(t) if t.is_dir() => inputs.skipped.push((
+                    shown,
+                    "a symbolic link to a directory (not followed)".into(),
+                )),
+                Ok(t) => inputs
+                    .skipped
+                    .push((shown, format!("a symbolic link to {}", not_stored(&t)))),
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                    inputs.failed.push((shown, "a symbolic link loop".into()))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => inputs.failed.push((
+                    shown,
+                    "a dangling symbolic link (its target does not exist)".into(),
+                )),
+                Err(e) => inputs.failed.push((shown, format!("cannot read: {e}"))),
+            }
+        } else {
+            inputs.skipped.push((shown, not_stored(&meta).into()));
         }
-        // Sockets, FIFOs, devices and links to directories are skipped.
     }
 }
 
-/// Stores one input: `Ok(Err(why))` when it could not be read (the
-/// failure to report), an error when the store failed.
+/// An input as the read-ahead thread found it.
+enum Ahead {
+    /// A regular file of at most the threshold, read whole: batched.
+    Small {
+        bytes: Bytes,
+        /// Its size when it was opened.
+        listed: u64,
+    },
+    /// Streamed on its own: over the threshold, stdin, not a regular file.
+    Stream,
+    /// Could not be read.
+    Failed(String),
+}
+
+/// Reads one input for the batch, if it is a small regular file.
+fn read_ahead(path: &Path, threshold: u64) -> Ahead {
+    if path == Path::new("-") {
+        return Ahead::Stream;
+    }
+    // Not opened unless regular: opening a FIFO here would take what the
+    // stream needs (and block until a writer comes).
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() <= threshold => {}
+        Ok(_) => return Ahead::Stream,
+        Err(e) => return Ahead::Failed(format!("cannot read: {e}")),
+    }
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) => return Ahead::Failed(format!("cannot read: {e}")),
+    };
+    let listed = match file.metadata() {
+        Ok(m) if m.is_file() && m.len() <= threshold => m.len(),
+        Ok(_) => return Ahead::Stream,
+        Err(e) => return Ahead::Failed(format!("cannot read: {e}")),
+    };
+    let mut buf = Vec::with_capacity(listed as usize + 1);
+    match (&mut file).take(threshold + 1).read_to_end(&mut buf) {
+        // It grew past the threshold while read: streamed instead.
+        Ok(_) if buf.len() as u64 > threshold => Ahead::Stream,
+        Ok(_) => Ahead::Small {
+            bytes: buf.into(),
+            listed,
+        },
+        Err(e) => Ahead::Failed(format!("cannot read: {e}")),
+    }
+}
+
+/// Stores one input as a stream: `Ok(Err(why))` when it could not be read
+/// (the failure to report), an error when the store failed.
 async fn put_one(ctx: &Ctx, store: &Store, f: &Path) -> Res<Result<alkblobs::Put, String>> {
     if f == Path::new("-") {
         return Ok(Ok(store.put_reader(tokio::io::stdin()).await?));
@@ -109,65 +219,219 @@ async fn put_one(ctx: &Ctx, store: &Store, f: &Path) -> Res<Result<alkblobs::Put
     }
 }
 
-pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Res {
-    let mut files = Vec::new();
-    let mut failed: Vec<(String, String)> = Vec::new();
-    for a in args {
-        expand(a, recursive, &mut files, &mut failed);
+fn stdout_failed(e: std::io::Error) -> Fail {
+    Fail::new(
+        Exit::Failure,
+        format!("cannot write to standard output: {e}"),
+    )
+}
+
+/// Small files waiting for their commit.
+#[derive(Default)]
+struct Batch {
+    paths: Vec<PathBuf>,
+    listed: Vec<u64>,
+    blobs: Vec<Bytes>,
+    bytes: usize,
+    since: Option<Instant>,
+}
+
+impl Batch {
+    fn push(&mut self, path: PathBuf, bytes: Bytes, listed: u64) {
+        self.since.get_or_insert_with(Instant::now);
+        self.bytes += bytes.len();
+        self.paths.push(path);
+        self.listed.push(listed);
+        self.blobs.push(bytes);
     }
-    // Arguments that named no file (a directory without -r, one that
-    // could not be listed) count as inputs too.
-    let unlisted = failed.len();
-    let store = ctx.create().await?;
-    // Many files: one bar counting them (big ones add their own).
-    let count_bar = if files.len() > 1 {
-        ctx.bar(Some(files.len() as u64), "{pos}/{len} files {wide_msg}")
-    } else {
-        ProgressBar::hidden()
-    };
-    // Collected rather than streamed: a put that fails in the store prints
-    // no half-array.
-    let mut lines = Vec::new();
-    for f in &files {
-        count_bar.set_message(f.display().to_string());
-        let put = match put_one(ctx, &store, f).await? {
-            Ok(put) => put,
-            Err(why) => {
-                failed.push((f.display().to_string(), why));
-                count_bar.inc(1);
-                continue;
-            }
-        };
-        count_bar.inc(1);
-        if root {
+
+    fn full(&self) -> bool {
+        self.paths.len() >= BATCH_FILES || self.bytes >= BATCH_BYTES
+    }
+}
+
+/// Where stored inputs go: printed as they become durable (text), or
+/// collected (`--json`: a put that fails in the store prints no
+/// half-array).
+struct Emit<'a> {
+    ctx: &'a Ctx,
+    store: &'a Store,
+    root: bool,
+    lines: Vec<PutLine>,
+    out: std::io::BufWriter<std::io::Stdout>,
+    /// Files whose size changed while they were read (stored as read).
+    changed: Vec<(String, String)>,
+}
+
+impl Emit<'_> {
+    /// Records `puts` as roots if asked, then prints them (durable: their
+    /// commit has returned), then lets their pins go.
+    async fn stored(
+        &mut self,
+        puts: Vec<(PathBuf, u64, alkblobs::PutInfo)>,
+        pin: alkblobs::PinGuard,
+    ) -> Res {
+        if self.root {
             // Recorded before the pin is released: no sweep can slip between.
-            store.add_roots(&[put.key]).await?;
+            let keys: Vec<Key> = puts.iter().map(|(_, _, p)| p.key).collect();
+            self.store.add_roots(&keys).await?;
         }
-        if ctx.json {
-            lines.push(PutLine {
-                key: put.key,
-                size: put.size,
-                tier: put.tier,
-                outcome: put.outcome,
-                source: f.display().to_string(),
-            });
-        } else {
-            // One key per line, in input order (--json pairs them with
-            // their paths).
-            println!("{}", put.key);
+        for (path, listed, p) in puts {
+            if listed != p.size {
+                self.changed.push((
+                    path.display().to_string(),
+                    format!(
+                        "changed while it was read ({listed} bytes when opened, {} stored)",
+                        p.size
+                    ),
+                ));
+            }
+            if self.ctx.json {
+                self.lines.push(PutLine {
+                    key: p.key,
+                    size: p.size,
+                    tier: p.tier,
+                    outcome: p.outcome,
+                    source: path.display().to_string(),
+                });
+            } else {
+                // One key per line, in input order (--json pairs them with
+                // their paths).
+                writeln!(self.out, "{}", p.key).map_err(stdout_failed)?;
+            }
         }
-        if ctx.pg.as_ref().is_some_and(|pg| pg.fleet) {
+        self.out.flush().map_err(stdout_failed)?;
+        if self.ctx.pg.as_ref().is_some_and(|pg| pg.fleet) {
             // A fleet pin is a row: left in place, it protects the content
             // for one pin TTL after this process exits (its renewal stops
             // with it), time to reference the key in a liveness table.
-            std::mem::forget(put.pin);
+            std::mem::forget(pin);
         } else {
-            drop(put.pin);
+            drop(pin);
+        }
+        Ok(())
+    }
+
+    /// Commits the batch (one transaction) and prints its keys.
+    async fn flush(&mut self, batch: &mut Batch, bar: &ProgressBar) -> Res {
+        if batch.paths.is_empty() {
+            return Ok(());
+        }
+        let b = std::mem::take(batch);
+        let n = b.paths.len() as u64;
+        let many = self.store.put_many(b.blobs).await?;
+        let puts = b
+            .paths
+            .into_iter()
+            .zip(b.listed)
+            .zip(many.entries)
+            .map(|((path, listed), p)| (path, listed, p))
+            .collect();
+        self.stored(puts, many.pin).await?;
+        bar.inc(n);
+        Ok(())
+    }
+}
+
+pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Res {
+    let mut inputs = Inputs::default();
+    for a in args {
+        expand(a, recursive, &mut inputs);
+    }
+    for (path, why) in &inputs.skipped {
+        eprintln!("alkblobs: {path}: skipped: {why}");
+    }
+    // Arguments that named no file (a directory without -r, one that
+    // could not be listed) count as inputs too.
+    let unlisted = inputs.failed.len();
+    let mut failed = std::mem::take(&mut inputs.failed);
+    let files = inputs.files;
+    let total = files.len();
+    let store = ctx.create().await?;
+    // Many files: one bar counting them (big ones add their own).
+    let count_bar = if total > 1 {
+        ctx.bar(Some(total as u64), "{pos}/{len} files {wide_msg}")
+    } else {
+        ProgressBar::hidden()
+    };
+    // The read-ahead thread: every input in order, small files read whole.
+    let (tx, mut rx) = mpsc::channel::<(PathBuf, Ahead)>(READ_AHEAD);
+    let threshold = store.threshold();
+    let reader = tokio::task::spawn_blocking(move || {
+        for f in files {
+            let a = read_ahead(&f, threshold);
+            if tx.blocking_send((f, a)).is_err() {
+                return; // The store failed: nothing more is wanted.
+            }
+        }
+    });
+    let mut emit = Emit {
+        ctx,
+        store: &store,
+        root,
+        lines: Vec::new(),
+        out: std::io::BufWriter::new(std::io::stdout()),
+        changed: Vec::new(),
+    };
+    let mut batch = Batch::default();
+    loop {
+        let next = match batch.since {
+            Some(since) => {
+                match tokio::time::timeout_at((since + BATCH_WAIT).into(), rx.recv()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        emit.flush(&mut batch, &count_bar).await?;
+                        continue;
+                    }
+                }
+            }
+            None => rx.recv().await,
+        };
+        let Some((path, ahead)) = next else {
+            break;
+        };
+        match ahead {
+            Ahead::Small { bytes, listed } => {
+                batch.push(path, bytes, listed);
+                if batch.full() {
+                    emit.flush(&mut batch, &count_bar).await?;
+                }
+            }
+            Ahead::Failed(why) => {
+                failed.push((path.display().to_string(), why));
+                count_bar.inc(1);
+            }
+            Ahead::Stream => {
+                // In input order: the batch before it commits first.
+                emit.flush(&mut batch, &count_bar).await?;
+                count_bar.set_message(path.display().to_string());
+                let listed = std::fs::metadata(&path).ok().filter(|m| m.is_file());
+                match put_one(ctx, &store, &path).await? {
+                    Ok(put) => {
+                        let info = alkblobs::PutInfo {
+                            key: put.key,
+                            size: put.size,
+                            tier: put.tier,
+                            outcome: put.outcome,
+                        };
+                        let listed = listed.map_or(put.size, |m| m.len());
+                        emit.stored(vec![(path, listed, info)], put.pin).await?;
+                    }
+                    Err(why) => failed.push((path.display().to_string(), why)),
+                }
+                count_bar.inc(1);
+            }
         }
     }
+    emit.flush(&mut batch, &count_bar).await?;
+    drop(rx);
+    let _ = reader.await;
     count_bar.finish_and_clear();
     if ctx.json {
-        print_json(&lines)?;
+        print_json(&emit.lines)?;
+    }
+    for (path, why) in &emit.changed {
+        eprintln!("alkblobs: {path}: warning: {why}");
     }
     if failed.is_empty() {
         return Ok(());
@@ -180,7 +444,7 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
         format!(
             "{} of {} inputs could not be stored (the others were)",
             failed.len(),
-            files.len() + unlisted
+            total + unlisted
         ),
     ))
 }

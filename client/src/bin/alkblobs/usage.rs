@@ -1,4 +1,5 @@
-//! `usage`: entries and bytes per tier.
+//! `usage`: entries and bytes per tier, and the database's size on disk;
+//! `compact`: give its free space back.
 
 use indicatif::HumanBytes;
 
@@ -38,6 +39,36 @@ pub async fn usage(ctx: &Ctx) -> Res {
         u.kv.entries + u.large.as_ref().map_or(0, |l| l.entries),
         HumanBytes(total).to_string()
     );
+    for (tier, t) in std::iter::once(("kv", &u.kv)).chain(u.large.iter().map(|l| ("large", l))) {
+        if let Some(d) = t.disk {
+            println!(
+                "{tier} on disk: {} ({} of it free pages)",
+                HumanBytes(d.on_disk),
+                HumanBytes(d.free)
+            );
+        }
+    }
     println!("roots: {}, staged for deletion: {}", u.roots, u.staged);
+    Ok(())
+}
+
+pub async fn compact(ctx: &Ctx) -> Res {
+    let store = ctx.open_write().await?;
+    let done = store.compact().await?;
+    if ctx.json {
+        return print_json(&done);
+    }
+    if done.is_empty() {
+        println!("nothing to compact: no engine of this store keeps a database of its own");
+    }
+    for c in &done {
+        println!(
+            "{}: {} on disk ({} free) -> {}",
+            c.engine,
+            HumanBytes(c.before.on_disk),
+            HumanBytes(c.before.free),
+            HumanBytes(c.after.on_disk)
+        );
+    }
     Ok(())
 }

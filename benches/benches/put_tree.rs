@@ -1,0 +1,205 @@
+//! `alkblobs put -r` of a directory (the CLI, as a user runs it) against
+//! the raw pipeline a script would write, in the same run
+//! (docs/benchmarks.md, "Many files"):
+//!
+//! 1. 20,000 files of 1.0–1.6 KiB (`ALKBLOBS_BENCH_PUT_FILES`) into a
+//!    fresh embedded store, against reading each file, hashing it with
+//!    BLAKE3 and inserting it into SQLite (WAL, `synchronous=FULL`,
+//!    committing every 1,000).
+//! 2. The same files put again (all present), against read + BLAKE3.
+//! 3. 200 files of 4 MiB (`ALKBLOBS_BENCH_PUT_LARGE`) into a fresh store,
+//!    against read + BLAKE3 + write + fsync + rename of each.
+//!
+//! The CLI is `target/release/alkblobs`, built first (`cargo build
+//! --release --bin alkblobs`) if it is not there.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use alkblobs_benches::{Lat, data, header, paired, rounds, workspace_target};
+use rusqlite::Connection;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The release CLI, built if missing.
+fn cli() -> PathBuf {
+    let bin = workspace_target().join("release/alkblobs");
+    if !bin.exists() {
+        let s = Command::new(env!("CARGO"))
+            .args(["build", "--release", "--bin", "alkblobs"])
+            .status()
+            .expect("cargo build");
+        assert!(s.success(), "cargo build --release --bin alkblobs failed");
+    }
+    bin
+}
+
+/// Writes `n` files of `size(i)` bytes under `dir`, 500 to a directory;
+/// returns their paths in the order `put -r` walks them (sorted).
+fn tree(dir: &Path, n: usize, size: impl Fn(usize) -> usize) -> Vec<PathBuf> {
+    let mut paths = Vec::with_capacity(n);
+    for i in 0..n {
+        let sub = dir.join(format!("d{:04}", i / 500));
+        std::fs::create_dir_all(&sub).unwrap();
+        let p = sub.join(format!("f{i:07}"));
+        std::fs::write(&p, data(i as u64 * 7 + 3, size(i))).unwrap();
+        paths.push(p);
+    }
+    paths
+}
+
+/// `alkblobs put -r <tree>` into `data`; returns the keys printed.
+fn put_r(bin: &Path, data_dir: &Path, tree: &Path) -> usize {
+    let o = Command::new(bin)
+        .args(["--data-dir"])
+        .arg(data_dir)
+        .args(["put", "-r"])
+        .arg(tree)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    o.stdout.iter().filter(|&&b| b == b'\n').count()
+}
+
+fn fresh(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+fn main() {
+    let (_rt, dir, mut probes) = alkblobs_benches::setup();
+    let bin = cli();
+    let root = dir.path();
+    let n = env_or("ALKBLOBS_BENCH_PUT_FILES", 20_000);
+    let small = tree(&root.join("small"), n, |i| 1024 + (i * 37) % 600);
+    let bytes: u64 = small.iter().map(|p| p.metadata().unwrap().len()).sum();
+
+    // 1. A fresh store against the batched raw pipeline.
+    header(&format!(
+        "put -r of {n} files of 1.0–1.6 KiB (embedded, durable) vs read + BLAKE3 + SQLite insert, a commit per 1,000"
+    ));
+    let mut a = |lat: &mut Lat| {
+        let d = fresh(root, "store");
+        let k = lat.time(|| put_r(&bin, &d, &root.join("small")));
+        assert_eq!(k, n);
+        (n as u64, bytes)
+    };
+    let mut b = |lat: &mut Lat| {
+        let db = fresh(root, "raw");
+        std::fs::create_dir_all(&db).unwrap();
+        lat.time(|| {
+            let mut c = Connection::open(db.join("raw.sqlite")).unwrap();
+            c.pragma_update(None, "journal_mode", "WAL").unwrap();
+            c.pragma_update(None, "synchronous", "FULL").unwrap();
+            c.execute_batch("CREATE TABLE blobs (key BLOB PRIMARY KEY, value BLOB NOT NULL)")
+                .unwrap();
+            for chunk in small.chunks(1000) {
+                let tx = c.transaction().unwrap();
+                {
+                    let mut st = tx
+                        .prepare_cached("INSERT OR IGNORE INTO blobs VALUES (?1, ?2)")
+                        .unwrap();
+                    for p in chunk {
+                        let v = std::fs::read(p).unwrap();
+                        let h = blake3::hash(&v);
+                        st.execute(rusqlite::params![h.as_bytes().as_slice(), v])
+                            .unwrap();
+                    }
+                }
+                tx.commit().unwrap();
+            }
+        });
+        (n as u64, bytes)
+    };
+    paired(
+        "put -r small files",
+        "alkblobs put -r",
+        "read + BLAKE3 + insert",
+        rounds(3),
+        &mut a,
+        &mut b,
+    );
+    probes.take("after small", root);
+
+    // 2. The same files again, all present, against read + hash.
+    let present = fresh(root, "present");
+    assert_eq!(put_r(&bin, &present, &root.join("small")), n);
+    header(&format!(
+        "put -r of {n} files already stored vs read + BLAKE3 of each"
+    ));
+    let mut a = |lat: &mut Lat| {
+        let k = lat.time(|| put_r(&bin, &present, &root.join("small")));
+        assert_eq!(k, n);
+        (n as u64, bytes)
+    };
+    let mut b = |lat: &mut Lat| {
+        lat.time(|| {
+            for p in &small {
+                let v = std::fs::read(p).unwrap();
+                std::hint::black_box(blake3::hash(&v));
+            }
+        });
+        (n as u64, bytes)
+    };
+    paired(
+        "put -r present files",
+        "alkblobs put -r",
+        "read + BLAKE3",
+        rounds(3),
+        &mut a,
+        &mut b,
+    );
+    probes.take("after present", root);
+
+    // 3. Large files against read + hash + write + fsync + rename.
+    let m = env_or("ALKBLOBS_BENCH_PUT_LARGE", 200);
+    let large = tree(&root.join("large"), m, |_| 4 << 20);
+    let lbytes = (m as u64) << 22;
+    header(&format!(
+        "put -r of {m} files of 4 MiB (embedded, durable) vs read + BLAKE3 + write + fsync + rename"
+    ));
+    let mut a = |lat: &mut Lat| {
+        let d = fresh(root, "store");
+        let k = lat.time(|| put_r(&bin, &d, &root.join("large")));
+        assert_eq!(k, m);
+        (m as u64, lbytes)
+    };
+    let mut b = |lat: &mut Lat| {
+        let out = fresh(root, "raw");
+        std::fs::create_dir_all(&out).unwrap();
+        let mut buf = Vec::with_capacity(4 << 20);
+        lat.time(|| {
+            for p in &large {
+                buf.clear();
+                std::fs::File::open(p)
+                    .unwrap()
+                    .read_to_end(&mut buf)
+                    .unwrap();
+                let h = blake3::hash(&buf).to_hex();
+                let tmp = out.join(format!("{h}.tmp"));
+                let mut f = std::fs::File::create(&tmp).unwrap();
+                f.write_all(&buf).unwrap();
+                f.sync_all().unwrap();
+                std::fs::rename(&tmp, out.join(h.as_str())).unwrap();
+            }
+        });
+        (m as u64, lbytes)
+    };
+    paired(
+        "put -r large files",
+        "alkblobs put -r",
+        "read + BLAKE3 + write + fsync + rename",
+        rounds(3),
+        &mut a,
+        &mut b,
+    );
+    probes.take("end", root);
+    probes.verdict();
+}
