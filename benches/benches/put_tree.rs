@@ -11,13 +11,14 @@
 //!    against read + BLAKE3 + write + fsync + rename of each.
 //!
 //! The CLI is `target/release/alkblobs`, built first (`cargo build
-//! --release --bin alkblobs`) if it is not there.
+//! --release --bin alkblobs`) if it is not there: rebuild it after a
+//! change.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use alkblobs_benches::{Lat, data, header, paired, rounds, workspace_target};
+use alkblobs_benches::{Lat, data, header, paired, release_cli, rounds};
 use rusqlite::Connection;
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -25,19 +26,6 @@ fn env_or(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// The release CLI, built if missing.
-fn cli() -> PathBuf {
-    let bin = workspace_target().join("release/alkblobs");
-    if !bin.exists() {
-        let s = Command::new(env!("CARGO"))
-            .args(["build", "--release", "--bin", "alkblobs"])
-            .status()
-            .expect("cargo build");
-        assert!(s.success(), "cargo build --release --bin alkblobs failed");
-    }
-    bin
 }
 
 /// Writes `n` files of `size(i)` bytes under `dir`, 500 to a directory;
@@ -75,7 +63,7 @@ fn fresh(dir: &Path, name: &str) -> PathBuf {
 
 fn main() {
     let (_rt, dir, mut probes) = alkblobs_benches::setup();
-    let bin = cli();
+    let bin = release_cli();
     let root = dir.path();
     let n = env_or("ALKBLOBS_BENCH_PUT_FILES", 20_000);
     let small = tree(&root.join("small"), n, |i| 1024 + (i * 37) % 600);

@@ -355,3 +355,70 @@ pub fn rounds(default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// The release CLI (`target/release/alkblobs`), built first if missing.
+pub fn release_cli() -> std::path::PathBuf {
+    let bin = workspace_target().join("release/alkblobs");
+    if !bin.exists() {
+        let s = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--release", "--bin", "alkblobs"])
+            .status()
+            .expect("cargo build");
+        assert!(s.success(), "cargo build --release --bin alkblobs failed");
+    }
+    bin
+}
+
+/// What [`run_measured`] saw of one process.
+#[derive(Debug)]
+pub struct Measured {
+    /// Wall time from spawn to exit.
+    pub wall: Duration,
+    /// The process's peak resident set (KiB), from `wait4`.
+    pub max_rss_kib: u64,
+    /// Its standard output.
+    pub stdout: Vec<u8>,
+    /// Its standard error.
+    pub stderr: Vec<u8>,
+    /// Whether it exited with 0.
+    pub success: bool,
+}
+
+/// Runs `cmd` to its end, measuring its wall time and peak RSS (`wait4`'s
+/// `ru_maxrss`: this child's alone).
+pub fn run_measured(cmd: &mut std::process::Command) -> Measured {
+    use std::io::Read;
+    use std::process::Stdio;
+    let t = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let mut stdout = Vec::new();
+    let _ = out.read_to_end(&mut stdout);
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, not yet reaped (`child` is never waited
+    // on by std after this: it is forgotten below).
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
+    std::mem::forget(child);
+    let wall = t.elapsed();
+    Measured {
+        wall,
+        max_rss_kib: usage.ru_maxrss as u64,
+        stdout,
+        stderr: reader.join().unwrap_or_default(),
+        success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+    }
+}

@@ -47,15 +47,14 @@ struct PutLine {
 /// error).
 #[derive(Default)]
 struct Inputs {
-    files: Vec<PathBuf>,
+    files: Vec<Input>,
     failed: Vec<(String, String)>,
     skipped: Vec<(String, String)>,
 }
 
 /// What a directory entry of `-r` is, when it is not stored.
-fn not_stored(meta: &std::fs::Metadata) -> &'static str {
+fn not_stored(t: std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
-    let t = meta.file_type();
     if t.is_fifo() {
         "a FIFO"
     } else if t.is_socket() {
@@ -67,16 +66,28 @@ fn not_stored(meta: &std::fs::Metadata) -> &'static str {
     }
 }
 
+/// One input to read.
+struct Input {
+    path: PathBuf,
+    /// Known to be a regular file (listed under a directory): opened at
+    /// once. A named one may be a FIFO, which must be opened only once.
+    regular: bool,
+}
+
 /// The files an argument names: itself, or with `-r` every regular file
-/// under a directory (sorted; symbolic links to files are followed, those
-/// to directories are not, so a link cycle cannot loop). A dangling link
-/// or a link loop is a failure; FIFOs, sockets, devices and links to
-/// directories under a directory are skipped, each said. An unreadable
-/// directory or a directory without `-r` is a failure of its own.
+/// under a directory (sorted by name; symbolic links to files are
+/// followed, those to directories are not, so a link cycle cannot loop).
+/// A dangling link or a link loop is a failure; FIFOs, sockets, devices
+/// and links to directories under a directory are skipped, each said. An
+/// unreadable directory or a directory without `-r` is a failure of its
+/// own.
 fn expand(arg: &Path, recursive: bool, inputs: &mut Inputs) {
     if arg == Path::new("-") || !arg.is_dir() {
         // Named: read whatever it is (a FIFO streams, `<(cmd)` works).
-        inputs.files.push(arg.to_owned());
+        inputs.files.push(Input {
+            path: arg.to_owned(),
+            regular: false,
+        });
         return;
     }
     if !recursive {
@@ -86,36 +97,51 @@ fn expand(arg: &Path, recursive: bool, inputs: &mut Inputs) {
         ));
         return;
     }
-    let mut entries: Vec<PathBuf> = match std::fs::read_dir(arg) {
-        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
-        Err(e) => {
+    // The type from the listing itself (no stat per entry), names compared
+    // as bytes (one component each: the order `Path` would give).
+    let mut entries: Vec<(std::ffi::OsString, std::io::Result<std::fs::FileType>)> =
+        match std::fs::read_dir(arg) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok().map(|e| (e.file_name(), e.file_type())))
+                .collect(),
+            Err(e) => {
+                inputs
+                    .failed
+                    .push((arg.display().to_string(), format!("cannot list: {e}")));
+                return;
+            }
+        };
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    for (name, t) in entries {
+        let p = arg.join(name);
+        let Ok(t) = t else {
             inputs
                 .failed
-                .push((arg.display().to_string(), format!("cannot list: {e}")));
-            return;
-        }
-    };
-    entries.sort();
-    for p in entries {
-        let shown = p.display().to_string();
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            inputs.failed.push((shown, "vanished while listed".into()));
+                .push((p.display().to_string(), "vanished while listed".into()));
             continue;
         };
-        if meta.is_dir() {
+        if t.is_dir() {
             expand(&p, true, inputs);
-        } else if meta.is_file() {
-            inputs.files.push(p);
-        } else if meta.is_symlink() {
+        } else if t.is_file() {
+            inputs.files.push(Input {
+                path: p,
+                regular: true,
+            });
+        } else if t.is_symlink() {
+            let shown = p.display().to_string();
             match std::fs::metadata(&p) {
-                Ok(t) if t.is_file() => inputs.files.push(p),
-                Ok(t) if t.is_dir() => inputs.skipped.push((
+                Ok(m) if m.is_file() => inputs.files.push(Input {
+                    path: p,
+                    regular: true,
+                }),
+                Ok(m) if m.is_dir() => inputs.skipped.push((
                     shown,
                     "a symbolic link to a directory (not followed)".into(),
                 )),
-                Ok(t) => inputs
-                    .skipped
-                    .push((shown, format!("a symbolic link to {}", not_stored(&t)))),
+                Ok(m) => inputs.skipped.push((
+                    shown,
+                    format!("a symbolic link to {}", not_stored(m.file_type())),
+                )),
                 Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
                     inputs.failed.push((shown, "a symbolic link loop".into()))
                 }
@@ -126,7 +152,9 @@ fn expand(arg: &Path, recursive: bool, inputs: &mut Inputs) {
                 Err(e) => inputs.failed.push((shown, format!("cannot read: {e}"))),
             }
         } else {
-            inputs.skipped.push((shown, not_stored(&meta).into()));
+            inputs
+                .skipped
+                .push((p.display().to_string(), not_stored(t).into()));
         }
     }
 }
@@ -146,16 +174,19 @@ enum Ahead {
 }
 
 /// Reads one input for the batch, if it is a small regular file.
-fn read_ahead(path: &Path, threshold: u64) -> Ahead {
+fn read_ahead(input: &Input, threshold: u64) -> Ahead {
+    let path = input.path.as_path();
     if path == Path::new("-") {
         return Ahead::Stream;
     }
-    // Not opened unless regular: opening a FIFO here would take what the
-    // stream needs (and block until a writer comes).
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() && m.len() <= threshold => {}
-        Ok(_) => return Ahead::Stream,
-        Err(e) => return Ahead::Failed(format!("cannot read: {e}")),
+    // A named input is not opened unless regular: opening a FIFO here
+    // would take what the stream needs (and block until a writer comes).
+    if !input.regular {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => return Ahead::Stream,
+            Err(e) => return Ahead::Failed(format!("cannot read: {e}")),
+        }
     }
     let mut file = match std::fs::File::open(path) {
         Ok(f) => f,
@@ -360,7 +391,7 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
     let reader = tokio::task::spawn_blocking(move || {
         for f in files {
             let a = read_ahead(&f, threshold);
-            if tx.blocking_send((f, a)).is_err() {
+            if tx.blocking_send((f.path, a)).is_err() {
                 return; // The store failed: nothing more is wanted.
             }
         }
