@@ -9,6 +9,12 @@
 //! 2. The same files put again (all present), against read + BLAKE3.
 //! 3. 200 files of 4 MiB (`ALKBLOBS_BENCH_PUT_LARGE`) into a fresh store,
 //!    against read + BLAKE3 + write + fsync + rename of each.
+//! 4. With `ALKBLOBS_PG_URL`: 5,000 of the small files
+//!    (`ALKBLOBS_BENCH_PUT_PG_FILES`) into a fresh single-instance pool and
+//!    a fresh fleet pool (`--large none`), against the same rows inserted
+//!    by a plain client (tokio-postgres): read + BLAKE3, then one
+//!    `INSERT … SELECT unnest($1), unnest($2) ON CONFLICT DO NOTHING` and a
+//!    commit per 1,000, over one connection.
 //!
 //! The CLI is `target/release/alkblobs`, built first (`cargo build
 //! --release --bin alkblobs`) if it is not there: rebuild it after a
@@ -188,6 +194,131 @@ fn main() {
         &mut a,
         &mut b,
     );
+    if let Ok(url) = std::env::var("ALKBLOBS_PG_URL") {
+        let k = env_or("ALKBLOBS_BENCH_PUT_PG_FILES", 5_000);
+        pools(&bin, &url, root, &small[..k.min(small.len())]);
+    }
     probes.take("end", root);
     probes.verdict();
+}
+
+/// `alkblobs put -r` of `files` (copied into a tree of their own) into a
+/// fresh pool per round, single-instance and fleet, against a plain
+/// client's batched insert of the same rows into a fresh table.
+fn pools(bin: &Path, url: &str, root: &Path, files: &[PathBuf]) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (c, conn) = rt
+        .block_on(tokio_postgres::connect(url, tokio_postgres::NoTls))
+        .unwrap();
+    rt.spawn(conn);
+    let fsync: String = rt.block_on(c.query_one("SHOW fsync", &[])).unwrap().get(0);
+    let tree = root.join("pg-tree");
+    for (i, f) in files.iter().enumerate() {
+        let sub = tree.join(format!("d{:02}", i / 500));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::copy(f, sub.join(format!("f{i:06}"))).unwrap();
+    }
+    let mut sorted = Vec::new();
+    collect(&tree, &mut sorted);
+    let n = sorted.len();
+    let bytes: u64 = sorted.iter().map(|p| p.metadata().unwrap().len()).sum();
+    let tag = std::process::id();
+    for fleet in [false, true] {
+        let kind = if fleet { "fleet" } else { "single-instance" };
+        header(&format!(
+            "put -r of {n} files of 1.0–1.6 KiB into a {kind} pool (fsync={fsync}) vs read + BLAKE3 + INSERT … unnest, a commit per 1,000"
+        ));
+        let mut round = 0;
+        let mut a = |lat: &mut Lat| {
+            round += 1;
+            let pool = format!("bench-put-r-{kind}-{tag}-{round}");
+            let mode: &[&str] = if fleet {
+                &["--fleet", "--large", "none"]
+            } else {
+                &[]
+            };
+            let mut create = Command::new(bin);
+            create
+                .args(mode)
+                .args(["pool", "create", &pool])
+                .args(if fleet {
+                    &[][..]
+                } else {
+                    &["--single-instance", "--large", "none"][..]
+                })
+                .env("ALKBLOBS_POSTGRES", url);
+            assert!(create.status().unwrap().success());
+            let keys = lat.time(|| {
+                let o = Command::new(bin)
+                    .args(mode)
+                    .args(["put", "-r"])
+                    .arg(&tree)
+                    .env("ALKBLOBS_POSTGRES", url)
+                    .env("ALKBLOBS_POOL", &pool)
+                    .output()
+                    .unwrap();
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                o.stdout.iter().filter(|&&b| b == b'\n').count()
+            });
+            assert_eq!(keys, n);
+            (n as u64, bytes)
+        };
+        let mut b = |lat: &mut Lat| {
+            rt.block_on(c.batch_execute(
+                "DROP TABLE IF EXISTS bench_put_r_raw; CREATE TABLE bench_put_r_raw (key bytea PRIMARY KEY, value bytea NOT NULL)",
+            ))
+            .unwrap();
+            lat.time(|| {
+                rt.block_on(async {
+                    for chunk in sorted.chunks(1000) {
+                        let mut keys = Vec::with_capacity(chunk.len());
+                        let mut vals = Vec::with_capacity(chunk.len());
+                        for p in chunk {
+                            let v = std::fs::read(p).unwrap();
+                            keys.push(blake3::hash(&v).as_bytes().to_vec());
+                            vals.push(v);
+                        }
+                        c.batch_execute("BEGIN").await.unwrap();
+                        c.execute(
+                            "INSERT INTO bench_put_r_raw SELECT * FROM unnest($1::bytea[], $2::bytea[]) ON CONFLICT DO NOTHING",
+                            &[&keys, &vals],
+                        )
+                        .await
+                        .unwrap();
+                        c.batch_execute("COMMIT").await.unwrap();
+                    }
+                })
+            });
+            (n as u64, bytes)
+        };
+        paired(
+            &format!("put -r into a {kind} pool"),
+            "alkblobs put -r",
+            "read + BLAKE3 + INSERT",
+            rounds(3),
+            &mut a,
+            &mut b,
+        );
+    }
+    rt.block_on(c.batch_execute("DROP TABLE IF EXISTS bench_put_r_raw"))
+        .unwrap();
+}
+
+/// Every file under `dir`, in the order `put -r` walks them.
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            collect(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
 }

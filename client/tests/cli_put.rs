@@ -234,52 +234,64 @@ async fn futures_roots(store: &Store) -> Vec<Key> {
     store.roots().try_collect().await.unwrap()
 }
 
-/// `put -r` killed (SIGKILL) part-way through many batches: every key it
-/// printed is readable afterwards, and the store verifies. (A key printed
-/// before its batch committed would be gone.)
+/// `put -r` killed (SIGKILL) or interrupted (SIGINT, a Ctrl-C) part-way
+/// through many batches: every key it printed is readable afterwards, and
+/// the store verifies. (A key printed before its batch committed would be
+/// gone.)
 #[test]
 fn a_put_r_killed_mid_run_leaves_every_printed_key_readable() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path();
-    let contents = tree(&d.join("tree"), 30_000);
-    let mut child = cmd(d, &["put", "-r", "tree"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut printed = Vec::new();
-    let mut line = String::new();
-    while printed.len() < 2_500 && out.read_line(&mut line).unwrap() > 0 {
-        printed.push(line.trim().to_owned());
-        line.clear();
-    }
-    child.kill().unwrap();
-    // What it wrote before it died.
-    while out.read_line(&mut line).unwrap() > 0 {
-        printed.push(line.trim().to_owned());
-        line.clear();
-    }
-    child.wait().unwrap();
-    assert!(
-        printed.len() >= 2_500 && printed.len() < contents.len(),
-        "killed part-way: {} of {} printed",
-        printed.len(),
-        contents.len()
-    );
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let store = Store::open_dir(d.join("data")).await.unwrap();
-        for (k, c) in printed.iter().zip(&contents) {
-            assert_eq!(*k, b3(c), "printed in path order");
-            let key: Key = k.parse().unwrap();
-            let got = store.get(&key).await.unwrap();
-            assert_eq!(got.as_deref(), Some(&c[..]), "printed {k}, not stored");
+    for signal in ["KILL", "INT"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        let contents = tree(&d.join("tree"), 30_000);
+        let mut child = cmd(d, &["put", "-r", "tree"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut printed = Vec::new();
+        let mut line = String::new();
+        while printed.len() < 2_500 && out.read_line(&mut line).unwrap() > 0 {
+            printed.push(line.trim().to_owned());
+            line.clear();
         }
-        store.close().await.unwrap();
-    });
-    let o = run(d, &["verify"]);
-    assert_eq!(code(&o), 0, "{}", stdout(&o));
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        // What it wrote before it died.
+        while out.read_line(&mut line).unwrap() > 0 {
+            printed.push(line.trim().to_owned());
+            line.clear();
+        }
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "SIG{signal}: it ran to the end");
+        assert!(
+            printed.len() >= 2_500 && printed.len() < contents.len(),
+            "SIG{signal}: killed part-way: {} of {} printed",
+            printed.len(),
+            contents.len()
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let store = Store::open_dir(d.join("data")).await.unwrap();
+            for (k, c) in printed.iter().zip(&contents) {
+                assert_eq!(*k, b3(c), "printed in path order");
+                let key: Key = k.parse().unwrap();
+                let got = store.get(&key).await.unwrap();
+                assert_eq!(
+                    got.as_deref(),
+                    Some(&c[..]),
+                    "SIG{signal}: printed {k}, not stored"
+                );
+            }
+            store.close().await.unwrap();
+        });
+        let o = run(d, &["verify"]);
+        assert_eq!(code(&o), 0, "{}", stdout(&o));
+    }
 }
 
 /// A file whose size changes between its opening and the end of its read

@@ -108,3 +108,57 @@ fn gc_gives_the_disk_back_and_compact_rewrites_an_older_store() {
         ok(d, &["verify"]);
     }
 }
+
+/// `compact` first checks that the disk can hold the copy it writes: on a
+/// filesystem too full for it (an 8 MiB tmpfs holding the store and its
+/// temporary directory; needs root, as the power-cut test does) it changes
+/// nothing and says how much it needs.
+#[test]
+fn compact_refuses_when_the_disk_cannot_hold_the_copy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let fs = d.join("fs");
+    std::fs::create_dir(&fs).unwrap();
+    let mount = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&fs)
+        .status()
+        .expect("mount (the test needs root, as scripts/test.sh runs it)");
+    assert!(mount.success(), "mount a tmpfs: the test needs root");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&fs);
+    tree(&d.join("t"), 1, 800);
+    let run_on = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .env("ALKBLOBS_DATA_DIR", fs.join("data"))
+            .env("SQLITE_TMPDIR", &fs)
+            .current_dir(d)
+            .output()
+            .unwrap()
+    };
+    assert!(run_on(&["put", "-r", "t"]).status.success());
+    let before = std::fs::metadata(fs.join("data/index.sqlite")).unwrap();
+    // Leave less than twice the database free.
+    let free = rustix::fs::statvfs(&fs).unwrap();
+    let avail = free.f_bavail * free.f_frsize;
+    let leave = before.len() + before.len() / 2;
+    std::fs::write(fs.join("filler"), vec![0u8; (avail - leave) as usize]).unwrap();
+    let o = run_on(&["compact"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("not compacted: it needs") && err.contains("nothing was changed"),
+        "{err}"
+    );
+    let after = std::fs::metadata(fs.join("data/index.sqlite")).unwrap();
+    assert_eq!(after.len(), before.len(), "the database was not rewritten");
+    std::fs::remove_file(fs.join("filler")).unwrap();
+    assert!(run_on(&["compact"]).status.success());
+    assert!(run_on(&["verify"]).status.success());
+}

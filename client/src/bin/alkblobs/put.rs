@@ -42,14 +42,14 @@ struct PutLine {
     source: String,
 }
 
-/// What `put` was given, expanded: the inputs in order, and what was not
-/// stored (`failed`: exit 2) or skipped by design (`skipped`: said, not an
-/// error).
-#[derive(Default)]
-struct Inputs {
-    files: Vec<Input>,
-    failed: Vec<(String, String)>,
-    skipped: Vec<(String, String)>,
+/// What the walk finds, in input order.
+enum Found {
+    /// A file to read.
+    File(Input),
+    /// Named or listed, and not stored (exit 2).
+    Failed(PathBuf, String),
+    /// Skipped by design under a directory (said, not an error).
+    Skipped(PathBuf, String),
 }
 
 /// What a directory entry of `-r` is, when it is not stored.
@@ -74,28 +74,28 @@ struct Input {
     regular: bool,
 }
 
-/// The files an argument names: itself, or with `-r` every regular file
+/// The files an argument names, handed to `found` as they are listed
+/// (nothing of a tree is kept but the directory being listed, so memory
+/// does not grow with the tree): itself, or with `-r` every regular file
 /// under a directory (sorted by name; symbolic links to files are
 /// followed, those to directories are not, so a link cycle cannot loop).
 /// A dangling link or a link loop is a failure; FIFOs, sockets, devices
 /// and links to directories under a directory are skipped, each said. An
 /// unreadable directory or a directory without `-r` is a failure of its
-/// own.
-fn expand(arg: &Path, recursive: bool, inputs: &mut Inputs) {
+/// own. Stops when `found` returns false.
+fn walk(arg: &Path, recursive: bool, found: &mut dyn FnMut(Found) -> bool) -> bool {
     if arg == Path::new("-") || !arg.is_dir() {
         // Named: read whatever it is (a FIFO streams, `<(cmd)` works).
-        inputs.files.push(Input {
+        return found(Found::File(Input {
             path: arg.to_owned(),
             regular: false,
-        });
-        return;
+        }));
     }
     if !recursive {
-        inputs.failed.push((
-            arg.display().to_string(),
+        return found(Found::Failed(
+            arg.to_owned(),
             "is a directory (store its files with -r)".into(),
         ));
-        return;
     }
     // The type from the listing itself (no stat per entry), names compared
     // as bytes (one component each: the order `Path` would give).
@@ -104,59 +104,47 @@ fn expand(arg: &Path, recursive: bool, inputs: &mut Inputs) {
             Ok(rd) => rd
                 .filter_map(|e| e.ok().map(|e| (e.file_name(), e.file_type())))
                 .collect(),
-            Err(e) => {
-                inputs
-                    .failed
-                    .push((arg.display().to_string(), format!("cannot list: {e}")));
-                return;
-            }
+            Err(e) => return found(Found::Failed(arg.to_owned(), format!("cannot list: {e}"))),
         };
     entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     for (name, t) in entries {
         let p = arg.join(name);
-        let Ok(t) = t else {
-            inputs
-                .failed
-                .push((p.display().to_string(), "vanished while listed".into()));
-            continue;
-        };
-        if t.is_dir() {
-            expand(&p, true, inputs);
-        } else if t.is_file() {
-            inputs.files.push(Input {
+        let go_on = match t {
+            Err(_) => found(Found::Failed(p, "vanished while listed".into())),
+            Ok(t) if t.is_dir() => walk(&p, true, found),
+            Ok(t) if t.is_file() => found(Found::File(Input {
                 path: p,
                 regular: true,
-            });
-        } else if t.is_symlink() {
-            let shown = p.display().to_string();
-            match std::fs::metadata(&p) {
-                Ok(m) if m.is_file() => inputs.files.push(Input {
+            })),
+            Ok(t) if t.is_symlink() => match std::fs::metadata(&p) {
+                Ok(m) if m.is_file() => found(Found::File(Input {
                     path: p,
                     regular: true,
-                }),
-                Ok(m) if m.is_dir() => inputs.skipped.push((
-                    shown,
+                })),
+                Ok(m) if m.is_dir() => found(Found::Skipped(
+                    p,
                     "a symbolic link to a directory (not followed)".into(),
                 )),
-                Ok(m) => inputs.skipped.push((
-                    shown,
+                Ok(m) => found(Found::Skipped(
+                    p,
                     format!("a symbolic link to {}", not_stored(m.file_type())),
                 )),
                 Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                    inputs.failed.push((shown, "a symbolic link loop".into()))
+                    found(Found::Failed(p, "a symbolic link loop".into()))
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => inputs.failed.push((
-                    shown,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => found(Found::Failed(
+                    p,
                     "a dangling symbolic link (its target does not exist)".into(),
                 )),
-                Err(e) => inputs.failed.push((shown, format!("cannot read: {e}"))),
-            }
-        } else {
-            inputs
-                .skipped
-                .push((p.display().to_string(), not_stored(t).into()));
+                Err(e) => found(Found::Failed(p, format!("cannot read: {e}"))),
+            },
+            Ok(t) => found(Found::Skipped(p, not_stored(t).into())),
+        };
+        if !go_on {
+            return false;
         }
     }
+    true
 }
 
 /// An input as the read-ahead thread found it.
@@ -171,6 +159,8 @@ enum Ahead {
     Stream,
     /// Could not be read.
     Failed(String),
+    /// Skipped by design (under a directory: a FIFO, a link to one).
+    Skipped(String),
 }
 
 /// Reads one input for the batch, if it is a small regular file.
@@ -365,37 +355,42 @@ impl Emit<'_> {
 }
 
 pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Res {
-    let mut inputs = Inputs::default();
-    for a in args {
-        expand(a, recursive, &mut inputs);
-    }
-    for (path, why) in &inputs.skipped {
-        eprintln!("alkblobs: {path}: skipped: {why}");
-    }
-    // Arguments that named no file (a directory without -r, one that
-    // could not be listed) count as inputs too.
-    let unlisted = inputs.failed.len();
-    let mut failed = std::mem::take(&mut inputs.failed);
-    let files = inputs.files;
-    let total = files.len();
+    let mut failed: Vec<(String, String)> = Vec::new();
     let store = ctx.create().await?;
-    // Many files: one bar counting them (big ones add their own).
-    let count_bar = if total > 1 {
-        ctx.bar(Some(total as u64), "{pos}/{len} files {wide_msg}")
+    // Many files: one bar counting them (big ones add their own). The walk
+    // streams, so there is no total to show.
+    let count_bar = if args.len() > 1 || recursive {
+        ctx.bar(None, "{spinner} {pos} files {wide_msg}")
     } else {
         ProgressBar::hidden()
     };
-    // The read-ahead thread: every input in order, small files read whole.
+    // The read-ahead thread walks the inputs in order, reading small files
+    // whole, as far ahead of the commits as the channel holds.
     let (tx, mut rx) = mpsc::channel::<(PathBuf, Ahead)>(READ_AHEAD);
     let threshold = store.threshold();
+    let args = args.to_vec();
     let reader = tokio::task::spawn_blocking(move || {
-        for f in files {
-            let a = read_ahead(&f, threshold);
-            if tx.blocking_send((f.path, a)).is_err() {
-                return; // The store failed: nothing more is wanted.
+        let mut send = |found: Found| {
+            let item = match found {
+                Found::File(input) => {
+                    let a = read_ahead(&input, threshold);
+                    (input.path, a)
+                }
+                Found::Failed(p, why) => (p, Ahead::Failed(why)),
+                Found::Skipped(p, why) => (p, Ahead::Skipped(why)),
+            };
+            // An error: the store failed, nothing more is wanted.
+            tx.blocking_send(item).is_ok()
+        };
+        for a in &args {
+            if !walk(a, recursive, &mut send) {
+                return;
             }
         }
     });
+    // Inputs named or found (skipped ones aside): the total of the closing
+    // count.
+    let mut total = 0usize;
     let mut emit = Emit {
         ctx,
         store: &store,
@@ -423,16 +418,22 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
         };
         match ahead {
             Ahead::Small { bytes, listed } => {
+                total += 1;
                 batch.push(path, bytes, listed);
                 if batch.full() {
                     emit.flush(&mut batch, &count_bar).await?;
                 }
             }
             Ahead::Failed(why) => {
+                total += 1;
                 failed.push((path.display().to_string(), why));
                 count_bar.inc(1);
             }
+            Ahead::Skipped(why) => {
+                count_bar.suspend(|| eprintln!("alkblobs: {}: skipped: {why}", path.display()));
+            }
             Ahead::Stream => {
+                total += 1;
                 // In input order: the batch before it commits first.
                 emit.flush(&mut batch, &count_bar).await?;
                 count_bar.set_message(path.display().to_string());
@@ -475,7 +476,7 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
         format!(
             "{} of {} inputs could not be stored (the others were)",
             failed.len(),
-            total + unlisted
+            total
         ),
     ))
 }
