@@ -99,6 +99,9 @@ use readers::Reader;
 /// thread.
 const INLINE_VALUE_MAX: i64 = 256 * 1024;
 
+/// The writer connection's page cache, in KiB (negative: SQLite's unit).
+const WRITER_CACHE_KIB: i64 = -65536;
+
 /// Keys fetched per `list` page.
 const LIST_PAGE: i64 = 4096;
 
@@ -509,6 +512,12 @@ impl SqliteBackend {
                 Durability::Relaxed => "NORMAL",
             };
             conn.pragma_update(None, "synchronous", sync)
+                .map_err(unable)?;
+            // A batch of puts lands on leaves all over the key-ordered
+            // `entries` b-tree: a cache that holds its interior pages and
+            // most leaves keeps a large store's puts from reading pages
+            // back (SQLite's default is 2 MiB; at most this is used).
+            conn.pragma_update(None, "cache_size", WRITER_CACHE_KIB)
                 .map_err(unable)?;
             conn.execute_batch(SCHEMA).map_err(unable)?;
             // Relaxed: checkpoints move to the checkpointer thread (this

@@ -29,8 +29,12 @@ const BATCH_BYTES: usize = 16 << 20;
 /// or this long after its first file arrived (a slow source still sees its
 /// keys printed).
 const BATCH_WAIT: Duration = Duration::from_millis(250);
-/// Files read ahead of the commits.
+/// Files read ahead of the commits,
 const READ_AHEAD: usize = 2 * BATCH_FILES;
+/// handed over this many at a time (one wake-up each, not one per file),
+const HANDOVER: usize = 64;
+/// or after this long (a slow source still sees its batch go out).
+const HANDOVER_WAIT: Duration = Duration::from_millis(20);
 
 /// One stored input, as `--json` prints it.
 #[derive(Serialize)]
@@ -366,10 +370,12 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
     };
     // The read-ahead thread walks the inputs in order, reading small files
     // whole, as far ahead of the commits as the channel holds.
-    let (tx, mut rx) = mpsc::channel::<(PathBuf, Ahead)>(READ_AHEAD);
+    let (tx, mut rx) = mpsc::channel::<Vec<(PathBuf, Ahead)>>(READ_AHEAD / HANDOVER);
     let threshold = store.threshold();
     let args = args.to_vec();
     let reader = tokio::task::spawn_blocking(move || {
+        let mut chunk = Vec::with_capacity(HANDOVER);
+        let mut since = Instant::now();
         let mut send = |found: Found| {
             let item = match found {
                 Found::File(input) => {
@@ -379,13 +385,24 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
                 Found::Failed(p, why) => (p, Ahead::Failed(why)),
                 Found::Skipped(p, why) => (p, Ahead::Skipped(why)),
             };
+            if chunk.is_empty() {
+                since = Instant::now();
+            }
+            chunk.push(item);
+            if chunk.len() < HANDOVER && since.elapsed() < HANDOVER_WAIT {
+                return true;
+            }
             // An error: the store failed, nothing more is wanted.
-            tx.blocking_send(item).is_ok()
+            tx.blocking_send(std::mem::replace(&mut chunk, Vec::with_capacity(HANDOVER)))
+                .is_ok()
         };
         for a in &args {
             if !walk(a, recursive, &mut send) {
                 return;
             }
+        }
+        if !chunk.is_empty() {
+            let _ = tx.blocking_send(chunk);
         }
     });
     // Inputs named or found (skipped ones aside): the total of the closing
@@ -400,21 +417,26 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
         changed: Vec::new(),
     };
     let mut batch = Batch::default();
+    let mut arrived = Vec::new().into_iter();
     loop {
-        let next = match batch.since {
-            Some(since) => {
-                match tokio::time::timeout_at((since + BATCH_WAIT).into(), rx.recv()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        emit.flush(&mut batch, &count_bar).await?;
-                        continue;
+        let Some((path, ahead)) = arrived.next() else {
+            let next = match batch.since {
+                Some(since) => {
+                    match tokio::time::timeout_at((since + BATCH_WAIT).into(), rx.recv()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            emit.flush(&mut batch, &count_bar).await?;
+                            continue;
+                        }
                     }
                 }
+                None => rx.recv().await,
+            };
+            match next {
+                Some(chunk) => arrived = chunk.into_iter(),
+                None => break,
             }
-            None => rx.recv().await,
-        };
-        let Some((path, ahead)) = next else {
-            break;
+            continue;
         };
         match ahead {
             Ahead::Small { bytes, listed } => {
