@@ -2,42 +2,15 @@
 //! commit in batches and each key is printed once durable, in input order;
 //! what a tree holds that is not a regular file is said, one line each.
 
+mod common;
+
 use std::io::BufRead;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use alkblobs::{Key, Store};
-
-const BIN: &str = env!("CARGO_BIN_EXE_alkblobs");
-
-fn cmd(dir: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args)
-        .env("ALKBLOBS_DATA_DIR", dir.join("data"))
-        .current_dir(dir);
-    c
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    cmd(dir, args).output().expect("run alkblobs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().expect("exit code")
-}
-
-fn b3(bytes: &[u8]) -> String {
-    blake3::hash(bytes).to_hex().to_string()
-}
+use common::{Tmpfs, b3, cmd, code, run, stderr, stdout};
 
 /// A blob of several 16 KiB groups, over the default kv threshold.
 fn groups_blob(len: u32) -> Vec<u8> {
@@ -320,20 +293,7 @@ fn a_file_that_changes_while_read_is_stored_as_read_and_named() {
 fn a_disk_that_fills_mid_batch_prints_no_key_it_did_not_store() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    std::fs::create_dir(d.join("data")).unwrap();
-    let mount = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
-        .arg(d.join("data"))
-        .status()
-        .expect("mount (the test needs root, as scripts/test.sh runs it)");
-    assert!(mount.success(), "mount a tmpfs: the test needs root");
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _unmount = Unmount(&d.join("data"));
+    let _fs = Tmpfs::mount(&d.join("data"), "2m");
     let contents = tree(&d.join("tree"), 3_000);
     let o = run(d, &["put", "-r", "tree"]);
     assert_ne!(code(&o), 0, "3.8 MiB of files fit in 2 MiB?");

@@ -3,29 +3,12 @@
 //! keeps them until `alkblobs compact`; `usage` shows the database's size
 //! on disk beside the blobs' bytes.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_alkblobs");
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("ALKBLOBS_DATA_DIR", dir.join("data"))
-        .current_dir(dir)
-        .output()
-        .expect("run alkblobs")
-}
-
-fn ok(dir: &Path, args: &[&str]) -> String {
-    let o = run(dir, args);
-    assert!(
-        o.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::{BIN, Tmpfs, ok};
 
 /// `n` files of 1.0–1.6 KiB under `dir`, distinct from every other tree
 /// (`seed`).
@@ -118,20 +101,7 @@ fn compact_refuses_when_the_disk_cannot_hold_the_copy() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let fs = d.join("fs");
-    std::fs::create_dir(&fs).unwrap();
-    let mount = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(&fs)
-        .status()
-        .expect("mount (the test needs root, as scripts/test.sh runs it)");
-    assert!(mount.success(), "mount a tmpfs: the test needs root");
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _unmount = Unmount(&fs);
+    let _fs = Tmpfs::mount(&fs, "8m");
     tree(&d.join("t"), 1, 800);
     let run_on = |args: &[&str]| {
         Command::new(BIN)
