@@ -25,13 +25,10 @@ fn space(conn: &rusqlite::Connection, path: &Path) -> rusqlite::Result<DiskSpace
     let page = pragma(conn, "page_size")? as u64;
     let pages = pragma(conn, "page_count")? as u64;
     let free = pragma(conn, "freelist_count")? as u64;
-    let wal = std::fs::metadata(path.with_extension("sqlite-wal"))
-        .or_else(|_| {
-            let mut p = path.as_os_str().to_owned();
-            p.push("-wal");
-            std::fs::metadata(p)
-        })
-        .map_or(0, |m| m.len());
+    // SQLite names the log `<database>-wal`.
+    let mut log = path.as_os_str().to_owned();
+    log.push("-wal");
+    let wal = std::fs::metadata(log).map_or(0, |m| m.len());
     Ok(DiskSpace {
         on_disk: pages * page + wal,
         free: free * page,
@@ -88,8 +85,15 @@ impl SqliteBackend {
         if self.inner.writer.is_none() {
             return Ok(());
         }
-        while self.write("free deleted pages", step).await? > 0 {}
-        Ok(())
+        let mut left = i64::MAX;
+        loop {
+            let now = self.write("free deleted pages", step).await?;
+            // Done, or no longer shrinking (nothing more a step can free).
+            if now == 0 || now >= left {
+                return Ok(());
+            }
+            left = now;
+        }
     }
 
     /// Pages in use and free, and the log.
@@ -135,8 +139,8 @@ impl SqliteBackend {
         };
         let here = available(&dir).map_err(io)?;
         if same_fs {
-            if here < 2 * live {
-                return Err(no_room(&dir, 2 * live, here));
+            if here < live.saturating_mul(2) {
+                return Err(no_room(&dir, live.saturating_mul(2), here));
             }
         } else {
             if here < live {

@@ -7,6 +7,7 @@
 //! (exit 2).
 
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -182,7 +183,13 @@ fn read_ahead(input: &Input, threshold: u64) -> Ahead {
             Err(e) => return Ahead::Failed(format!("cannot read: {e}")),
         }
     }
-    let mut file = match std::fs::File::open(path) {
+    // Non-blocking: a path swapped for a FIFO since it was listed is
+    // seen by `fstat` below instead of waiting for a writer for ever.
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) => return Ahead::Failed(format!("cannot read: {e}")),
     };
@@ -289,18 +296,15 @@ struct Emit<'a> {
 }
 
 impl Emit<'_> {
-    /// Records `puts` as roots if asked, then prints them (durable: their
-    /// commit has returned), then lets their pins go.
-    async fn stored(
-        &mut self,
-        puts: Vec<(PathBuf, u64, alkblobs::PutInfo)>,
-        pin: alkblobs::PinGuard,
-    ) -> Res {
+    /// Records `puts` (committed) as roots if asked, and as the lines of
+    /// `--json` and the warnings; returns the keys to print.
+    async fn stored(&mut self, puts: Vec<(PathBuf, u64, alkblobs::PutInfo)>) -> Res<Vec<Key>> {
         if self.root {
             // Recorded before the pin is released: no sweep can slip between.
             let keys: Vec<Key> = puts.iter().map(|(_, _, p)| p.key).collect();
             self.store.add_roots(&keys).await?;
         }
+        let mut keys = Vec::new();
         for (path, listed, p) in puts {
             if listed != p.size {
                 self.changed.push((
@@ -320,12 +324,23 @@ impl Emit<'_> {
                     source: path.display().to_string(),
                 });
             } else {
-                // One key per line, in input order (--json pairs them with
-                // their paths).
-                writeln!(self.out, "{}", p.key).map_err(stdout_failed)?;
+                keys.push(p.key);
             }
         }
-        self.out.flush().map_err(stdout_failed)?;
+        Ok(keys)
+    }
+
+    /// Prints keys, one per line, in input order (`--json` pairs them with
+    /// their paths at the end): only keys whose commit has returned.
+    fn print(&mut self, keys: &[Key]) -> Res {
+        for k in keys {
+            writeln!(self.out, "{k}").map_err(stdout_failed)?;
+        }
+        self.out.flush().map_err(stdout_failed)
+    }
+
+    /// Lets the pins of printed keys go.
+    fn release(&self, pin: alkblobs::PinGuard) {
         if self.ctx.pg.as_ref().is_some_and(|pg| pg.fleet) {
             // A fleet pin is a row: left in place, it protects the content
             // for one pin TTL after this process exits (its renewal stops
@@ -334,10 +349,9 @@ impl Emit<'_> {
         } else {
             drop(pin);
         }
-        Ok(())
     }
 
-    /// Commits the batch (one transaction) and prints its keys.
+    /// Commits the batch (one transaction), then prints its keys.
     async fn flush(&mut self, batch: &mut Batch, bar: &ProgressBar) -> Res {
         if batch.paths.is_empty() {
             return Ok(());
@@ -352,7 +366,9 @@ impl Emit<'_> {
             .zip(many.entries)
             .map(|((path, listed), p)| (path, listed, p))
             .collect();
-        self.stored(puts, many.pin).await?;
+        let keys = self.stored(puts).await?;
+        self.print(&keys)?;
+        self.release(many.pin);
         bar.inc(n);
         Ok(())
     }
@@ -469,7 +485,9 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
                             outcome: put.outcome,
                         };
                         let listed = listed.map_or(put.size, |m| m.len());
-                        emit.stored(vec![(path, listed, info)], put.pin).await?;
+                        let keys = emit.stored(vec![(path, listed, info)]).await?;
+                        emit.print(&keys)?;
+                        emit.release(put.pin);
                     }
                     Err(why) => failed.push((path.display().to_string(), why)),
                 }
@@ -479,7 +497,13 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
     }
     emit.flush(&mut batch, &count_bar).await?;
     drop(rx);
-    let _ = reader.await;
+    // A walk that died (a panic) ended the channel early: not a success.
+    if let Err(e) = reader.await {
+        return Err(Fail::new(
+            Exit::Failure,
+            format!("reading the inputs failed: {e}"),
+        ));
+    }
     count_bar.finish_and_clear();
     if ctx.json {
         print_json(&emit.lines)?;
