@@ -34,6 +34,9 @@ const BATCH_WAIT: Duration = Duration::from_millis(250);
 const READ_AHEAD: usize = 2 * BATCH_FILES;
 /// handed over this many at a time (one wake-up each, not one per file),
 const HANDOVER: usize = 64;
+/// or this many bytes (so what is read ahead stays under
+/// `READ_AHEAD / HANDOVER` MiB, whatever the files' sizes),
+const HANDOVER_BYTES: usize = 1 << 20;
 /// or after this long (a slow source still sees its batch go out).
 const HANDOVER_WAIT: Duration = Duration::from_millis(20);
 
@@ -391,6 +394,7 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
     let args = args.to_vec();
     let reader = tokio::task::spawn_blocking(move || {
         let mut chunk = Vec::with_capacity(HANDOVER);
+        let mut bytes = 0usize;
         let mut since = Instant::now();
         let mut send = |found: Found| {
             let item = match found {
@@ -403,9 +407,13 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
             };
             if chunk.is_empty() {
                 since = Instant::now();
+                bytes = 0;
+            }
+            if let Ahead::Small { bytes: b, .. } = &item.1 {
+                bytes += b.len();
             }
             chunk.push(item);
-            if chunk.len() < HANDOVER && since.elapsed() < HANDOVER_WAIT {
+            if chunk.len() < HANDOVER && bytes < HANDOVER_BYTES && since.elapsed() < HANDOVER_WAIT {
                 return true;
             }
             // An error: the store failed, nothing more is wanted.
