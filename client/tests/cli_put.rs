@@ -207,6 +207,32 @@ async fn futures_roots(store: &Store) -> Vec<Key> {
     store.roots().try_collect().await.unwrap()
 }
 
+/// Every printed key is the key of the input at its place (path order)
+/// and reads back as that input from the store at `dir/data`; returns how
+/// the store's close went.
+fn printed_are_stored(
+    dir: &Path,
+    printed: &[String],
+    contents: &[Vec<u8>],
+    case: &str,
+) -> alkblobs::Result<()> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = Store::open_dir(dir.join("data")).await.unwrap();
+        for (k, c) in printed.iter().zip(contents) {
+            assert_eq!(*k, b3(c), "{case}: printed in path order");
+            let key: Key = k.parse().unwrap();
+            let got = store.get(&key).await.unwrap();
+            assert_eq!(
+                got.as_deref(),
+                Some(&c[..]),
+                "{case}: printed {k}, not stored"
+            );
+        }
+        store.close().await
+    })
+}
+
 /// `put -r` killed (SIGKILL) or interrupted (SIGINT, a Ctrl-C) part-way
 /// through many batches: every key it printed is readable afterwards, and
 /// the store verifies. (A key printed before its batch committed would be
@@ -251,21 +277,8 @@ fn a_put_r_killed_mid_run_leaves_every_printed_key_readable() {
             printed.len(),
             contents.len()
         );
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async {
-            let store = Store::open_dir(d.join("data")).await.unwrap();
-            for (k, c) in printed.iter().zip(&contents) {
-                assert_eq!(*k, b3(c), "printed in path order");
-                let key: Key = k.parse().unwrap();
-                let got = store.get(&key).await.unwrap();
-                assert_eq!(
-                    got.as_deref(),
-                    Some(&c[..]),
-                    "SIG{signal}: printed {k}, not stored"
-                );
-            }
-            store.close().await.unwrap();
-        });
+        printed_are_stored(d, &printed, &contents, &format!("SIG{signal}"))
+            .expect("close the store");
         let o = run(d, &["verify"]);
         assert_eq!(code(&o), 0, "{}", stdout(&o));
     }
@@ -322,18 +335,9 @@ fn a_disk_that_fills_mid_batch_prints_no_key_it_did_not_store() {
         printed.len(),
         contents.len()
     );
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let store = Store::open_dir(d.join("data")).await.unwrap();
-        for (k, c) in printed.iter().zip(&contents) {
-            assert_eq!(*k, b3(c));
-            let key: Key = k.parse().unwrap();
-            assert_eq!(store.get(&key).await.unwrap().as_deref(), Some(&c[..]));
-        }
-        // The disk is still full: the close cannot checkpoint the log
-        // into the database (it stays, and is read on the next open).
-        let _ = store.close().await;
-    });
+    // The disk is still full: the close cannot checkpoint the log into
+    // the database (it stays, and is read on the next open).
+    let _ = printed_are_stored(d, &printed, &contents, "full disk");
     let v = run(d, &["verify"]);
     assert_eq!(code(&v), 0, "{}{}", stdout(&v), stderr(&v));
 }

@@ -215,15 +215,17 @@ fn read_ahead(input: &Input, threshold: u64) -> Ahead {
 
 /// Stores one input as a stream: `Ok(Err(why))` when it could not be read
 /// (the failure to report), an error when the store failed.
-async fn put_one(ctx: &Ctx, store: &Store, f: &Path) -> Res<Result<alkblobs::Put, String>> {
-    if f == Path::new("-") {
+/// `len`: the file's size when listed (`None`: standard input).
+async fn put_one(
+    ctx: &Ctx,
+    store: &Store,
+    f: &Path,
+    len: Option<u64>,
+) -> Res<Result<alkblobs::Put, String>> {
+    let Some(len) = len else {
         return Ok(Ok(store.put_reader(tokio::io::stdin()).await?));
-    }
-    let unreadable = |e: &dyn std::fmt::Display| Ok(Err(format!("cannot read: {e}")));
-    let len = match std::fs::metadata(f) {
-        Ok(m) => m.len(),
-        Err(e) => return unreadable(&e),
     };
+    let unreadable = |e: &dyn std::fmt::Display| Ok(Err(format!("cannot read: {e}")));
     let put = if len > PROGRESS_OVER {
         let pb = ctx.bar(
             Some(len),
@@ -483,8 +485,21 @@ pub async fn put(ctx: &Ctx, args: &[PathBuf], root: bool, recursive: bool) -> Re
                 // In input order: the batch before it commits first.
                 emit.flush(&mut batch, &count_bar).await?;
                 count_bar.set_message(path.display().to_string());
-                let listed = std::fs::metadata(&path).ok().filter(|m| m.is_file());
-                match put_one(ctx, &store, &path).await? {
+                let meta = if path == Path::new("-") {
+                    None
+                } else {
+                    match std::fs::metadata(&path) {
+                        Ok(m) => Some(m),
+                        Err(e) => {
+                            failed.push((path.display().to_string(), format!("cannot read: {e}")));
+                            count_bar.inc(1);
+                            continue;
+                        }
+                    }
+                };
+                let len = meta.as_ref().map(|m| m.len());
+                let listed = meta.filter(|m| m.is_file());
+                match put_one(ctx, &store, &path, len).await? {
                     Ok(put) => {
                         let info = alkblobs::PutInfo {
                             key: put.key,
